@@ -1,0 +1,127 @@
+// semi_ring (EQuARX semi loop): each chunk is reduced from both directions and the two halves meet
+// at its owner, so a chunk is requantized about half as often as on the full ring, and both link
+// directions carry traffic at once.
+//
+// Chunk c is owned by rank c. Its right chain is ranks c+R, c+R-1, ..., c+1 (R = floor(W/2)), each
+// sending to the rank below it; its left chain is ranks c-L, ..., c-1 (L = floor((W-1)/2)), each
+// sending to the rank above. Every rank is on the right chain of one chunk per step and on the left
+// chain of another, so at step s (0..R-1) rank r:
+//   right: sends chunk (r - R + s) to r-1, receives chunk (r + 1 - R + s) from r+1
+//   left (steps s >= R-L only, t = s - (R-L)): sends chunk (r + L - t) to r+1,
+//          receives chunk (r - 1 + L - t) from r-1
+// A chain starts by encoding the rank's own input; an intermediate rank decodes, adds its local
+// chunk (partial = decoded + local) and forwards. The owner finishes at step R-1 with
+//   sum = (decoded right + local) + decoded left.
+// | W | R | L | hops per chunk (requantizations) |
+// | 2 | 1 | 0 | 1 (same as ring)                   |
+// | 3 | 1 | 1 | 1 + 1                              |
+// | 4 | 2 | 1 | 2 + 1                              |
+// | 5 | 2 | 2 | 2 + 2                              |
+// Shards pipeline as in the ring (algo_ring.cpp); the gather phase is algo_common.cpp's.
+#include <ATen/ATen.h>
+
+#include "algorithms.h"
+#include "codec_cpu.h"
+
+namespace qcomm {
+namespace {
+int mod(int a, int w) { return ((a % w) + w) % w; }
+}  // namespace
+
+void runSemiRing(const Plan& plan, Transport& t, void* data) {
+  const int world = plan.world;
+  const int rank = t.rank();
+  const int shards = plan.microshards;
+  const int rightSteps = world / 2;
+  const int leftSteps = (world - 1) / 2;
+  const int leftStart = rightSteps - leftSteps;
+  const int next = mod(rank + 1, world);
+  const int prev = mod(rank - 1, world);
+  const int64_t unitBytes = alignUp16(encodedBytes(plan.shardElems, plan.rs));
+
+  // Directions: 0 = right chain (send to prev, receive from next), 1 = left chain (the reverse).
+  struct Dir {
+    int steps;
+    int sendPeer;
+    int recvPeer;
+  };
+  const Dir dirs[2] = {{rightSteps, prev, next}, {leftSteps, next, prev}};
+  auto sendChunk = [&](int d, int s) {
+    return d == 0 ? mod(rank - rightSteps + s, world) : mod(rank + leftSteps - s, world);
+  };
+  auto recvChunk = [&](int d, int s) {
+    return d == 0 ? mod(rank + 1 - rightSteps + s, world) : mod(rank - 1 + leftSteps - s, world);
+  };
+  // One unit per (direction, step, shard); tags interleave the two directions.
+  const int64_t unitsPerDir = int64_t(rightSteps) * shards;
+  auto unit = [&](int d, int s, int k) { return (int64_t(s) * shards + k) * 2 + d; };
+
+  at::Tensor sendBuf = byteBuffer(unitBytes * unitsPerDir * 2);
+  at::Tensor recvBuf = byteBuffer(unitBytes * unitsPerDir * 2);
+  std::vector<at::Tensor> recvSlices(size_t(unitsPerDir * 2));
+  std::vector<c10::intrusive_ptr<c10d::Work>> recvs(size_t(unitsPerDir * 2));
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  std::vector<at::Tensor> sendSlices;
+
+  for (int d = 0; d < 2; ++d) {
+    for (int s = 0; s < dirs[d].steps; ++s) {
+      for (int k = 0; k < shards; ++k) {
+        const ChunkRange sh = plan.shard(recvChunk(d, s), k);
+        if (sh.len == 0) continue;
+        const int64_t u = unit(d, s, k);
+        recvSlices[u] = recvBuf.narrow(0, u * unitBytes, encodedBytes(sh.len, plan.rs));
+        recvs[u] = t.irecv(recvSlices[u], dirs[d].recvPeer, int(u));
+      }
+    }
+  }
+  auto sendUnit = [&](int d, int s, int k, const void* src, int32_t srcDtype, int64_t len) {
+    const int64_t u = unit(d, s, k);
+    at::Tensor slice = sendBuf.narrow(0, u * unitBytes, encodedBytes(len, plan.rs));
+    encodeBlock(src, srcDtype, len, plan.rs, slice.data_ptr<uint8_t>());
+    sendSlices.push_back(slice);
+    sends.push_back(t.isend(slice, dirs[d].sendPeer, int(u)));
+  };
+  for (int d = 0; d < 2; ++d) {
+    if (dirs[d].steps == 0) continue;
+    for (int k = 0; k < shards; ++k) {
+      const ChunkRange sh = plan.shard(sendChunk(d, 0), k);
+      if (sh.len > 0) sendUnit(d, 0, k, elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len);
+    }
+  }
+
+  // One fp32 partial per direction; at the last step both hold halves of this rank's own chunk.
+  std::vector<float> partial[2];
+  for (auto& p : partial) p.resize(size_t(std::max<int64_t>(plan.chunkElems, 1)));
+  for (int s = 0; s < rightSteps; ++s) {
+    for (int k = 0; k < shards; ++k) {
+      for (int d = 0; d < 2; ++d) {
+        const int ds = d == 0 ? s : s - leftStart;  // this direction's own step number
+        if (ds < 0) continue;
+        const int c = recvChunk(d, ds);
+        const ChunkRange sh = plan.shard(c, k);
+        if (sh.len == 0) continue;
+        const int64_t u = unit(d, ds, k);
+        t.wait(recvs[u], std::string("semi_ring ") + (d == 0 ? "right" : "left") + " step " +
+                             std::to_string(ds) + " shard " + std::to_string(k) +
+                             " (receive from rank " + std::to_string(dirs[d].recvPeer) + ")");
+        float* p = partial[d].data() + (sh.begin - plan.chunk(c).begin);
+        decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, false);
+        const bool owner = ds + 1 == dirs[d].steps;
+        if (owner) continue;  // both halves are combined below, in a fixed order
+        addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, p);
+        sendUnit(d, ds + 1, k, p, kFloat32, sh.len);
+      }
+    }
+  }
+  for (auto& w : sends) t.wait(w, "semi_ring reduce-scatter send");
+
+  const ChunkRange own = plan.chunk(rank);
+  float* sum = partial[0].data();
+  addToFloat(elemPtr(data, plan.dtype, own.begin), plan.dtype, own.len, sum);
+  if (leftSteps > 0) {
+    for (int64_t i = 0; i < own.len; ++i) sum[i] = sum[i] + partial[1][size_t(i)];
+  }
+  gatherPhase(plan, t, sum, data);
+}
+
+}  // namespace qcomm

@@ -1,0 +1,28 @@
+// The three quantized allreduce schedules on host memory, as sequences of codec calls and
+// transfers. Each works in place on `data` (numel elements of plan.dtype, contiguous).
+#pragma once
+
+#include "plan.h"
+#include "transport.h"
+
+namespace qcomm {
+
+void runTwoStep(const Plan& plan, Transport& t, void* data);
+void runRing(const Plan& plan, Transport& t, void* data);
+void runSemiRing(const Plan& plan, Transport& t, void* data);
+
+// Shared tail of every algorithm: rank r holds the fp32 sum of its chunk r in `ownSum`; divide
+// for AVG, encode with the gather codec, all-gather, and decode every chunk into `data`. The
+// owner decodes its own chunk from the bytes it sent, never from its private fp32 sum, so every
+// rank ends with the same bits (DESIGN invariant 1).
+void gatherPhase(const Plan& plan, Transport& t, float* ownSum, void* data);
+
+// Pointer to element `offset` of a buffer of plan.dtype.
+inline void* elemPtr(void* data, int32_t dtype, int64_t offset) {
+  return static_cast<uint8_t*>(data) + offset * dtypeBytes(dtype);
+}
+
+// A byte buffer for the transport.
+at::Tensor byteBuffer(int64_t bytes);
+
+}  // namespace qcomm

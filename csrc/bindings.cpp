@@ -1,0 +1,197 @@
+// Python bindings of qcomm._C: the backend class, its configuration and statistics, and the codec
+// entry points the tests compare against qcomm/reference.py.
+#include <pybind11/chrono.h>
+#include <torch/extension.h>
+
+#include "backend.h"
+#include "codec_cpu.h"
+
+namespace py = pybind11;
+
+namespace qcomm {
+namespace {
+
+// torch binds c10d::Backend with a holder that drops the GIL in its destructor (the inner
+// ProcessGroupNCCL joins threads when it dies). Ours must have the same single-pointer layout so
+// that pybind can hand our object to torch as a Backend.
+template <class T>
+class NoGilPtr {
+ public:
+  NoGilPtr() = default;
+  explicit NoGilPtr(T* p) : p_(c10::intrusive_ptr<T>::reclaim_copy(p)) {}
+  NoGilPtr(c10::intrusive_ptr<T> p) : p_(std::move(p)) {}  // NOLINT(runtime/explicit)
+  ~NoGilPtr() {
+    if (p_ && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      p_.reset();
+    }
+  }
+  T* get() const { return p_.get(); }
+
+ private:
+  c10::intrusive_ptr<T> p_;
+};
+
+int32_t dtypeCode(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return kFloat32;
+    case at::kHalf:
+      return kFloat16;
+    case at::kBFloat16:
+      return kBFloat16;
+    default:
+      TORCH_CHECK_VALUE(false, "[qcomm] codec: dtype ", t, " is not fp32, fp16 or bf16");
+  }
+}
+
+CodecSpec makeSpec(int bits, int groupSize, bool symmetric, at::ScalarType raw) {
+  QuantConfig probe;
+  probe.rsBits = bits;
+  probe.groupSize = groupSize;
+  validateConfig(probe);
+  return CodecSpec{bits, groupSize, symmetric ? 1 : 0, dtypeCode(raw)};
+}
+
+// Encode a 1-D CPU tensor with one codec: returns the wire bytes.
+at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmetric) {
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "[qcomm] codec: CPU tensors only");
+  at::Tensor c = x.contiguous().view({-1});
+  const CodecSpec spec = makeSpec(bits, groupSize, symmetric, c.scalar_type());
+  at::Tensor out = at::zeros({encodedBytes(c.numel(), spec)}, at::kByte);
+  encodeBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec, out.data_ptr<uint8_t>());
+  return out;
+}
+
+// Decode wire bytes of n elements to fp32.
+at::Tensor codecDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSize, bool symmetric,
+                       at::ScalarType raw) {
+  const CodecSpec spec = makeSpec(bits, groupSize, symmetric, raw);
+  TORCH_CHECK_VALUE(bytes.scalar_type() == at::kByte && bytes.numel() == encodedBytes(n, spec),
+                    "[qcomm] codec: expected ", encodedBytes(n, spec), " bytes");
+  at::Tensor b = bytes.contiguous();
+  at::Tensor out = at::empty({n}, at::kFloat);
+  decodeBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>(), false);
+  return out;
+}
+
+// fp32 -> dtype and back through the shared header's converters (compared with torch's casts).
+at::Tensor castFloat(const at::Tensor& x, at::ScalarType to) {
+  at::Tensor c = x.contiguous().to(at::kFloat);
+  at::Tensor out = at::empty(c.sizes(), to);
+  castFromFloat(c.data_ptr<float>(), c.numel(), dtypeCode(to), out.data_ptr());
+  return out;
+}
+
+at::Tensor castToFloatT(const at::Tensor& x) {
+  at::Tensor c = x.contiguous();
+  at::Tensor out = at::empty(c.sizes(), at::kFloat);
+  castToFloat(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), out.data_ptr<float>());
+  return out;
+}
+
+QuantConfig configFromArgs(int algorithm, int rsBits, int agBits, int groupSize, bool symmetric,
+                           int64_t minBytes, int microshards) {
+  QuantConfig c;
+  c.algorithm = algorithm;
+  c.rsBits = rsBits;
+  c.agBits = agBits;
+  c.groupSize = groupSize;
+  c.symmetric = symmetric;
+  c.minBytes = minBytes;
+  c.microshards = microshards;
+  validateConfig(c);
+  return c;
+}
+
+py::dict configToDict(const QuantConfig& c) {
+  py::dict d;
+  d["algorithm"] = c.algorithm;
+  d["rs_bits"] = c.rsBits;
+  d["ag_bits"] = c.agBits;
+  d["group_size"] = c.groupSize;
+  d["symmetric"] = c.symmetric;
+  d["min_bytes"] = c.minBytes;
+  d["microshards"] = c.microshards;
+  return d;
+}
+
+}  // namespace
+}  // namespace qcomm
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, qcomm::NoGilPtr<T>, true);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace qcomm;
+  m.doc() = "qcomm: quantized allreduce backend (qnccl) for torch.distributed";
+  py::object backendBase = py::module::import("torch._C._distributed_c10d").attr("Backend");
+
+  py::class_<QncclBackend, NoGilPtr<QncclBackend>>(m, "QncclBackend", backendBase)
+      .def(py::init([](int rank, int size, std::chrono::milliseconds timeout, py::object gloo,
+                       py::object nccl, py::tuple cfg) {
+             auto asBackend = [](py::object o) -> c10::intrusive_ptr<c10d::Backend> {
+               if (o.is_none()) return {};
+               return c10::intrusive_ptr<c10d::Backend>::reclaim_copy(o.cast<c10d::Backend*>());
+             };
+             QuantConfig c = configFromArgs(cfg[0].cast<int>(), cfg[1].cast<int>(),
+                                            cfg[2].cast<int>(), cfg[3].cast<int>(),
+                                            cfg[4].cast<bool>(), cfg[5].cast<int64_t>(),
+                                            cfg[6].cast<int>());
+             return c10::make_intrusive<QncclBackend>(rank, size, timeout, asBackend(gloo),
+                                                      asBackend(nccl), c);
+           }),
+           py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("gloo"), py::arg("nccl"),
+           py::arg("config"))
+      .def(
+          "set_config",
+          [](QncclBackend& b, py::tuple cfg) {
+            b.setConfig(configFromArgs(cfg[0].cast<int>(), cfg[1].cast<int>(), cfg[2].cast<int>(),
+                                       cfg[3].cast<int>(), cfg[4].cast<bool>(),
+                                       cfg[5].cast<int64_t>(), cfg[6].cast<int>()));
+          },
+          py::arg("config"))
+      .def("get_config", [](const QncclBackend& b) { return configToDict(b.getConfig()); })
+      .def("stats",
+           [](const QncclBackend& b) {
+             py::dict d;
+             d["quantized_calls"] = b.stats().quantizedCalls.load();
+             d["passthrough_calls"] = b.stats().passthroughCalls.load();
+             d["input_bytes"] = b.stats().inputBytes.load();
+             d["wire_bytes"] = b.stats().wireBytes.load();
+             return d;
+           })
+      .def("reset_stats", &QncclBackend::resetStats)
+      .def(
+          "plan",
+          [](const QncclBackend& b, const at::Tensor& t, c10d::ReduceOp op) {
+            const Plan p = b.planFor(t, op);
+            py::dict d;
+            d["quantize"] = p.quantize;
+            d["reason"] = p.reason;
+            d["algorithm"] = std::string(algoName(p.quantize ? p.algorithm : kAlgoNone));
+            d["rs_bits"] = p.rs.bits;
+            d["ag_bits"] = p.ag.bits;
+            d["chunk_elems"] = p.chunkElems;
+            d["microshards"] = p.microshards;
+            d["shard_elems"] = p.shardElems;
+            return d;
+          },
+          py::arg("tensor"), py::arg("op"));
+
+  m.def("codec_encode", &codecEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
+        py::arg("symmetric"));
+  m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
+        py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat);
+  m.def("cast_from_float", &castFloat, py::arg("x"), py::arg("dtype"));
+  m.def("cast_to_float", &castToFloatT, py::arg("x"));
+  m.def("encoded_bytes", [](int64_t n, int bits, int groupSize, bool symmetric) {
+    return encodedBytes(n, CodecSpec{bits, groupSize, symmetric ? 1 : 0, kFloat32});
+  });
+  m.def("compiled_with_cuda", []() {
+#ifdef QCOMM_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+}

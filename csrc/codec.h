@@ -1,0 +1,334 @@
+// The wire format and the per-group math, written once for the CPU loops and the CUDA kernels.
+//
+// Everything here is a __host__ __device__ inline function over plain types: no torch, no STL.
+// DESIGN invariant 3 (one codec, two devices) rests on this file: the CPU path (codec_cpu.cpp) and
+// the CUDA kernels (cuda/codec_kernels.cu) call the same functions, compile them without fast-math
+// and without floating-point contraction (-ffp-contract=off, nvcc -fmad=false), so for the same
+// input they produce the same wire bytes and the same decoded values, bit for bit.
+//
+// Terms. A message is split into groups of `groupSize` consecutive elements (the last group may be
+// shorter). Each group carries its own parameters:
+//   symmetric  (absmax):  scale = absmax / qmax,              x^ = q * scale,
+//                         q in [-qmax, qmax], qmax = 2^(bits-1) - 1  (127 or 7)
+//   asymmetric (min/max): scale = hi / L - lo / L,           x^ = mid + (q - L/2) * scale,
+//                         mid = lo / 2 + hi / 2, q in [0, L], L = 2^bits - 1 (255 or 15)
+// The asymmetric form is centred on `mid` so that no intermediate overflows, even for groups that
+// span -FLT_MAX..FLT_MAX (hi - lo would). Rounding is to nearest, ties to even. A group holding a
+// NaN or an Inf gets scale = NaN, so every element of it decodes to NaN (invariant 5): a non-finite
+// input never becomes a finite output. A group whose scale is 0 (all equal, all zero) decodes to
+// its exact value (mid or 0).
+//
+// Wire layout of one encoded block of n elements (bits 4 or 8):
+//   [scale[0..ng) as fp32][mid[0..ng) as fp32, asymmetric only][pad to 16][data: ceil(n*bits/8)]
+// with ng = ceil(n / groupSize). 8-bit data: one byte per element (int8 two's complement when
+// symmetric, uint8 when asymmetric). 4-bit data: two elements per byte, the even element in the
+// low nibble. Metadata first, so a receiver can read the scales before the data (EQuARX).
+// A phase set to "none" (bits = 0) ships the elements raw, in the input dtype.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define QCOMM_HD __host__ __device__ __forceinline__
+#else
+#define QCOMM_HD inline
+#endif
+
+namespace qcomm {
+
+// Element types on the wire and in user tensors. The numbers are part of the C++/Python contract.
+enum DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+struct bf16_t {
+  uint16_t bits;
+};
+struct fp16_t {
+  uint16_t bits;
+};
+
+QCOMM_HD int dtypeBytes(int32_t dtype) { return dtype == kFloat32 ? 4 : 2; }
+
+// ---- bit casts and conversions (exact; fp32 -> 16-bit rounds to nearest even, as torch does) ----
+
+QCOMM_HD uint32_t floatBits(float f) {
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.f = f;
+  return v.u;
+}
+
+QCOMM_HD float bitsFloat(uint32_t u) {
+  union {
+    uint32_t u;
+    float f;
+  } v;
+  v.u = u;
+  return v.f;
+}
+
+// Round a float of magnitude below 2^22 to the nearest integer, ties to even. Adding and removing
+// 1.5 * 2^23 leaves no fraction bits; IEEE addition rounds to nearest even. Identical on CPU and
+// GPU because both add in IEEE single precision (no fast-math anywhere in this project).
+QCOMM_HD float roundHalfEven(float v) {
+  const float kMagic = 12582912.0f;
+  return (v + kMagic) - kMagic;
+}
+
+QCOMM_HD float toFloat(float x) { return x; }
+QCOMM_HD float toFloat(bf16_t x) { return bitsFloat(uint32_t(x.bits) << 16); }
+QCOMM_HD float toFloat(fp16_t x) {
+  const uint32_t h = x.bits;
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  if (exp == 0x1fu) return bitsFloat(sign | 0x7f800000u | (man << 13));
+  if (exp == 0) {
+    // zero or subnormal: man * 2^-24, exact in fp32
+    const float v = float(man) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  return bitsFloat(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+template <class T>
+QCOMM_HD T fromFloat(float f);
+
+template <>
+QCOMM_HD float fromFloat<float>(float f) {
+  return f;
+}
+
+template <>
+QCOMM_HD bf16_t fromFloat<bf16_t>(float f) {
+  const uint32_t u = floatBits(f);
+  bf16_t r;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    r.bits = 0x7fc0u;  // NaN, as c10::BFloat16
+  } else {
+    r.bits = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  return r;
+}
+
+template <>
+QCOMM_HD fp16_t fromFloat<fp16_t>(float f) {
+  const uint32_t u = floatBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  fp16_t r;
+  if (a > 0x7f800000u) {
+    r.bits = uint16_t(sign | 0x7e00u);  // NaN
+  } else if (a >= 0x477ff000u) {
+    r.bits = uint16_t(sign | 0x7c00u);  // >= 65520 rounds to Inf (65504 has an odd mantissa)
+  } else if (a < 0x38800000u) {
+    // below 2^-14: a half subnormal (or zero); count units of 2^-24, ties to even. The product is
+    // exact (a power-of-two scaling) and below 1024, so roundHalfEven is exact too.
+    const float units = roundHalfEven(bitsFloat(a) * 16777216.0f);
+    r.bits = uint16_t(sign | uint32_t(units));
+  } else {
+    // normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even; a
+    // carry out of the mantissa correctly bumps the exponent.
+    r.bits = uint16_t(sign | ((a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13));
+  }
+  return r;
+}
+
+// ---- codec parameters and sizes ----
+
+// One phase's codec. bits = 0 means "none": elements travel raw in `rawDtype`.
+struct CodecSpec {
+  int32_t bits;       // 0, 4 or 8
+  int32_t groupSize;  // power of two, 32..1024
+  int32_t symmetric;  // 1: absmax scale; 0: min/max scale and midpoint
+  int32_t rawDtype;   // DType of raw elements (bits == 0)
+};
+
+QCOMM_HD int64_t alignUp16(int64_t n) { return (n + 15) & ~int64_t(15); }
+
+QCOMM_HD int64_t numGroups(int64_t n, const CodecSpec& c) {
+  return (n + c.groupSize - 1) / c.groupSize;
+}
+
+// Bytes of metadata before the (16-byte aligned) data section.
+QCOMM_HD int64_t metaBytes(int64_t n, const CodecSpec& c) {
+  return numGroups(n, c) * 4 * (c.symmetric ? 1 : 2);
+}
+
+QCOMM_HD int64_t dataOffset(int64_t n, const CodecSpec& c) {
+  return c.bits == 0 ? 0 : alignUp16(metaBytes(n, c));
+}
+
+// Exact size of one encoded block of n elements.
+QCOMM_HD int64_t encodedBytes(int64_t n, const CodecSpec& c) {
+  if (c.bits == 0) return n * dtypeBytes(c.rawDtype);
+  return dataOffset(n, c) + (n * c.bits + 7) / 8;
+}
+
+QCOMM_HD float qmaxSym(int bits) { return bits == 8 ? 127.0f : 7.0f; }
+QCOMM_HD float levelsAsym(int bits) { return bits == 8 ? 255.0f : 15.0f; }
+
+struct GroupParams {
+  float scale;
+  float mid;  // asymmetric only
+};
+
+// Parameters of the group x[0..n). NaN and Inf are caught by `bad`: x * 0 is 0 for finite x and
+// NaN otherwise, and a NaN stays NaN through the sum. min, max and this sum of zeros give the same
+// answer in any order, so a CUDA kernel may reduce them in any tree and still match the CPU.
+template <class T>
+QCOMM_HD GroupParams groupParams(const T* x, int n, int bits, bool symmetric) {
+  GroupParams p;
+  float bad = 0.0f;
+  if (symmetric) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const float v = toFloat(x[i]);
+      const float a = v < 0.0f ? -v : v;
+      bad += v * 0.0f;
+      amax = a > amax ? a : amax;
+    }
+    p.scale = amax / qmaxSym(bits);
+    p.mid = 0.0f;
+  } else {
+    float lo = toFloat(x[0]);
+    float hi = lo;
+    for (int i = 0; i < n; ++i) {
+      const float v = toFloat(x[i]);
+      bad += v * 0.0f;
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+    }
+    const float levels = levelsAsym(bits);
+    p.scale = hi / levels - lo / levels;
+    p.mid = lo * 0.5f + hi * 0.5f;
+  }
+  if (bad != bad) {
+    p.scale = bitsFloat(0x7fc00000u);
+    p.mid = 0.0f;
+  }
+  return p;
+}
+
+QCOMM_HD bool paramsFinite(const GroupParams& p) { return p.scale == p.scale; }
+
+// Quantize one finite value with finite group parameters. Returns the code as stored (for
+// symmetric codes the two's complement bit pattern, masked to `kBits`).
+template <int kBits, bool kSym>
+QCOMM_HD uint32_t quantizeOne(float v, const GroupParams& p) {
+  if (kSym) {
+    const float qmax = qmaxSym(kBits);
+    float t = p.scale != 0.0f ? v / p.scale : 0.0f;
+    t = t < -qmax ? -qmax : (t > qmax ? qmax : t);
+    const int q = int(roundHalfEven(t));
+    return uint32_t(q) & (kBits == 8 ? 0xffu : 0xfu);
+  }
+  const float levels = levelsAsym(kBits);
+  float t = (p.scale != 0.0f ? (v - p.mid) / p.scale : 0.0f) + levels * 0.5f;
+  t = t < 0.0f ? 0.0f : (t > levels ? levels : t);
+  return uint32_t(int(roundHalfEven(t)));
+}
+
+// Decode one stored code.
+template <int kBits, bool kSym>
+QCOMM_HD float dequantizeOne(uint32_t code, const GroupParams& p) {
+  if (kSym) {
+    const int q = kBits == 8 ? int(int8_t(uint8_t(code))) : int((code ^ 8u) & 0xfu) - 8;
+    return float(q) * p.scale;
+  }
+  const float centred = float(int(code)) - levelsAsym(kBits) * 0.5f;
+  const float scaled = centred * p.scale;
+  return p.mid + scaled;
+}
+
+QCOMM_HD GroupParams loadParams(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g) {
+  const float* meta = reinterpret_cast<const float*>(block);
+  GroupParams p;
+  p.scale = meta[g];
+  p.mid = c.symmetric ? 0.0f : meta[numGroups(n, c) + g];
+  return p;
+}
+
+QCOMM_HD void storeParams(uint8_t* block, int64_t n, const CodecSpec& c, int64_t g,
+                          const GroupParams& p) {
+  float* meta = reinterpret_cast<float*>(block);
+  meta[g] = p.scale;
+  if (!c.symmetric) meta[numGroups(n, c) + g] = p.mid;
+}
+
+QCOMM_HD int groupLength(int64_t n, const CodecSpec& c, int64_t g) {
+  const int64_t rest = n - g * c.groupSize;
+  return int(rest < c.groupSize ? rest : c.groupSize);
+}
+
+// Encode group g of the block x[0..n) into `block` (an encoded block of n elements).
+template <int kBits, bool kSym, class T>
+QCOMM_HD void encodeGroupT(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block) {
+  const int64_t begin = g * c.groupSize;
+  const int len = groupLength(n, c, g);
+  const GroupParams p = groupParams(x + begin, len, kBits, kSym);
+  storeParams(block, n, c, g, p);
+  uint8_t* data = block + dataOffset(n, c);
+  const bool finite = paramsFinite(p);
+  if (kBits == 8) {
+    for (int i = 0; i < len; ++i) {
+      data[begin + i] = finite ? uint8_t(quantizeOne<8, kSym>(toFloat(x[begin + i]), p)) : 0;
+    }
+  } else {
+    // groupSize is even, so a group starts on a byte boundary; an odd tail leaves the high nibble 0
+    uint8_t* out = data + begin / 2;
+    const int pairs = len / 2;
+    for (int i = 0; i < pairs; ++i) {
+      const uint32_t lo = quantizeOne<4, kSym>(toFloat(x[begin + 2 * i]), p);
+      const uint32_t hi = quantizeOne<4, kSym>(toFloat(x[begin + 2 * i + 1]), p);
+      out[i] = finite ? uint8_t(lo | (hi << 4)) : 0;
+    }
+    if (len & 1) {
+      out[pairs] = finite ? uint8_t(quantizeOne<4, kSym>(toFloat(x[begin + len - 1]), p)) : 0;
+    }
+  }
+}
+
+// Decode group g of an encoded block of n elements; out[i] for i in the group receives x^ (or,
+// with kAccumulate, out[i] += x^).
+template <int kBits, bool kSym, bool kAccumulate>
+QCOMM_HD void decodeGroupT(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g,
+                           float* out) {
+  const int64_t begin = g * c.groupSize;
+  const int len = groupLength(n, c, g);
+  const GroupParams p = loadParams(block, n, c, g);
+  const uint8_t* data = block + dataOffset(n, c);
+  for (int i = 0; i < len; ++i) {
+    const int64_t e = begin + i;
+    const uint32_t code = kBits == 8 ? data[e] : (uint32_t(data[e >> 1]) >> ((e & 1) * 4)) & 0xfu;
+    const float v = dequantizeOne<kBits, kSym>(code, p);
+    out[e] = kAccumulate ? out[e] + v : v;
+  }
+}
+
+// Run-time dispatch to the four (bits, symmetric) instantiations.
+template <class T>
+QCOMM_HD void encodeGroup(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block) {
+  if (c.bits == 8) {
+    if (c.symmetric) encodeGroupT<8, true>(x, n, c, g, block);
+    else encodeGroupT<8, false>(x, n, c, g, block);
+  } else {
+    if (c.symmetric) encodeGroupT<4, true>(x, n, c, g, block);
+    else encodeGroupT<4, false>(x, n, c, g, block);
+  }
+}
+
+template <bool kAccumulate>
+QCOMM_HD void decodeGroup(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g,
+                          float* out) {
+  if (c.bits == 8) {
+    if (c.symmetric) decodeGroupT<8, true, kAccumulate>(block, n, c, g, out);
+    else decodeGroupT<8, false, kAccumulate>(block, n, c, g, out);
+  } else {
+    if (c.symmetric) decodeGroupT<4, true, kAccumulate>(block, n, c, g, out);
+    else decodeGroupT<4, false, kAccumulate>(block, n, c, g, out);
+  }
+}
+
+}  // namespace qcomm

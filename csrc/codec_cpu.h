@@ -1,0 +1,26 @@
+// CPU loops over the shared codec (codec.h): encode and decode whole blocks, threaded over groups.
+#pragma once
+
+#include <cstdint>
+
+#include "codec.h"
+
+namespace qcomm {
+
+// Encode x[0..n) (elements of `dtype`) into dst, which holds encodedBytes(n, c) bytes. With
+// c.bits == 0 the elements are stored raw in c.rawDtype (converted, rounding to nearest even).
+void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst);
+
+// Decode an encoded block of n elements into fp32: out = x^ (or out += x^ with accumulate).
+void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, bool accumulate);
+
+// acc[i] += float(x[i]) for x of `dtype`.
+void addToFloat(const void* x, int32_t dtype, int64_t n, float* acc);
+
+// out[i] = dtype(x[i]), rounding to nearest even.
+void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out);
+
+// out[i] = float(x[i]) for x of `dtype`.
+void castToFloat(const void* x, int32_t dtype, int64_t n, float* out);
+
+}  // namespace qcomm

@@ -1,0 +1,27 @@
+// QuantConfig: every knob of a qnccl group, mirrored by the Python dataclass qcomm.QuantConfig.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace qcomm {
+
+// The numbers are part of the C++/Python contract (qcomm/config.py ALGORITHMS).
+enum Algo : int32_t { kAuto = 0, kTwoStep = 1, kRing = 2, kSemiRing = 3, kAlgoNone = 4 };
+
+struct QuantConfig {
+  int32_t algorithm = kAuto;
+  int32_t rsBits = 8;      // 0 (none), 4 or 8
+  int32_t agBits = 8;      // 0 (none), 4 or 8
+  int32_t groupSize = 128;
+  bool symmetric = false;
+  int64_t minBytes = 1 << 20;
+  int32_t microshards = 4;
+};
+
+// Throws c10::ValueError naming the knob, the value given and what is allowed.
+void validateConfig(const QuantConfig& c);
+
+const char* algoName(int32_t algo);
+
+}  // namespace qcomm

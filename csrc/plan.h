@@ -1,0 +1,52 @@
+// The plan: a pure function of facts every rank shares (numel, dtype, op, world size, config).
+// It never looks at data, timing or memory, so every rank takes the same path (DESIGN invariant 6).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "codec.h"
+#include "config.h"
+
+namespace qcomm {
+
+struct ChunkRange {
+  int64_t begin;
+  int64_t len;
+};
+
+struct Plan {
+  bool quantize = false;  // false: pass through to the inner backend, `reason` says why
+  std::string reason;
+  int32_t algorithm = kAlgoNone;  // kTwoStep, kRing or kSemiRing when quantize
+  CodecSpec rs{};                 // reduce phase codec (bits 0 = raw input dtype)
+  CodecSpec ag{};                 // gather phase codec
+  int32_t dtype = kFloat32;
+  bool average = false;
+  int world = 1;
+  int64_t numel = 0;
+  // Chunk c of the message is [c * chunkElems, ...) clipped to numel: one chunk per rank, a
+  // multiple of the group size so that no quantization group straddles two chunks.
+  int64_t chunkElems = 0;
+  // Rings split each chunk into `microshards` shards of shardElems (a multiple of the group size)
+  // so that the transfer of one overlaps the decode-add-encode of the previous one.
+  int32_t microshards = 1;
+  int64_t shardElems = 0;
+
+  ChunkRange chunk(int c) const;
+  ChunkRange shard(int c, int k) const;  // absolute element range of shard k of chunk c
+};
+
+// Facts about one allreduce call. dtype is -1 when the tensor's dtype is not fp32/fp16/bf16.
+struct CallFacts {
+  int64_t numel = 0;
+  int32_t dtype = -1;
+  bool opSum = false;
+  bool opAvg = false;
+  bool sparseOrComplex = false;
+  int world = 1;
+};
+
+Plan makePlan(const CallFacts& f, const QuantConfig& cfg);
+
+}  // namespace qcomm

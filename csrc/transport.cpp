@@ -1,0 +1,52 @@
+// Transport over an inner c10d backend: every call is a plain c10d collective on uint8 tensors.
+#include "transport.h"
+
+#include <c10/util/Exception.h>
+
+namespace qcomm {
+namespace {
+// Our point-to-point tags live above 2^30, away from the small tags user code passes to send/recv
+// on the same group, so a user's outstanding irecv can never match our bytes.
+constexpr int kTagBase = 1 << 30;
+}  // namespace
+
+std::string rankPrefix(int rank, int world) {
+  return "[qcomm rank " + std::to_string(rank) + "/" + std::to_string(world) + "] ";
+}
+
+Transport::Transport(c10d::Backend* inner, int rank, int world, std::chrono::milliseconds timeout)
+    : inner_(inner), rank_(rank), world_(world), timeout_(timeout) {
+  TORCH_CHECK(inner_ != nullptr, rankPrefix(rank, world), "no inner backend for this device");
+}
+
+void Transport::wait(const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) {
+  try {
+    w->wait(timeout_);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, rankPrefix(rank_, world_), "allreduce: ", what, " failed: ", e.what());
+  }
+}
+
+void Transport::allToAll(at::Tensor& out, at::Tensor& in) {
+  std::vector<int64_t> none;
+  bytesSent_ += in.numel() / world_ * (world_ - 1);
+  wait(inner_->alltoall_base(out, in, none, none), "all-to-all of the reduce phase");
+}
+
+void Transport::allGather(at::Tensor& out, at::Tensor& in) {
+  bytesSent_ += in.numel() * (world_ - 1);
+  wait(inner_->_allgather_base(out, in), "all-gather of the gather phase");
+}
+
+c10::intrusive_ptr<c10d::Work> Transport::isend(at::Tensor& t, int peer, int tag) {
+  std::vector<at::Tensor> v{t};
+  bytesSent_ += t.numel();
+  return inner_->send(v, peer, kTagBase + tag);
+}
+
+c10::intrusive_ptr<c10d::Work> Transport::irecv(at::Tensor& t, int peer, int tag) {
+  std::vector<at::Tensor> v{t};
+  return inner_->recv(v, peer, kTagBase + tag);
+}
+
+}  // namespace qcomm

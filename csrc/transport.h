@@ -1,0 +1,43 @@
+// Transport: moves opaque byte tensors between the ranks of a group through an inner c10d backend
+// (Gloo for CPU bytes, NCCL for CUDA bytes). Algorithms speak only to this interface.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace qcomm {
+
+class Transport {
+ public:
+  Transport(c10d::Backend* inner, int rank, int world, std::chrono::milliseconds timeout);
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+
+  // Rank j receives slot j of every rank's `in` (W equal slots) into slot i of `out` for rank i.
+  void allToAll(at::Tensor& out, at::Tensor& in);
+  // Every rank receives every rank's `in` into slot i of `out`.
+  void allGather(at::Tensor& out, at::Tensor& in);
+  // Point-to-point; tags are offset into a range user code does not use.
+  c10::intrusive_ptr<c10d::Work> isend(at::Tensor& t, int peer, int tag);
+  c10::intrusive_ptr<c10d::Work> irecv(at::Tensor& t, int peer, int tag);
+  // Wait for `w`, bounded by the group's timeout; `what` names the step in the error.
+  void wait(const c10::intrusive_ptr<c10d::Work>& w, const std::string& what);
+
+  int64_t bytesSent() const { return bytesSent_; }
+
+ private:
+  c10d::Backend* inner_;
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  int64_t bytesSent_ = 0;
+};
+
+// The prefix every error of this rank carries: "[qcomm rank r/N] ".
+std::string rankPrefix(int rank, int world);
+
+}  // namespace qcomm

@@ -1,0 +1,68 @@
+"""Build qcomm._C: the C++ sources always, the CUDA sources when nvcc and a CUDA torch are present.
+
+QCOMM_CUDA=0 forces a CPU-only build, QCOMM_CUDA=1 requires the CUDA build (and fails without nvcc).
+QCOMM_CUDA_ARCHS lists the compute capabilities to compile for (default "80;90").
+"""
+
+import glob
+import os
+
+from setuptools import setup
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _want_cuda() -> bool:
+    flag = os.environ.get("QCOMM_CUDA", "").strip()
+    have = cpp_extension.CUDA_HOME is not None and _torch_has_cuda()
+    have = have and bool(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
+    if flag == "0":
+        return False
+    if flag == "1":
+        if not have:
+            raise SystemExit("QCOMM_CUDA=1 but nvcc, a CUDA build of torch or csrc/cuda/*.cu is missing")
+        return True
+    return have
+
+
+def _torch_has_cuda() -> bool:
+    import torch
+
+    return torch.version.cuda is not None
+
+
+# No fast-math and no floating-point contraction anywhere: the CPU loops and the CUDA kernels must
+# round identically (DESIGN invariant 3). -fopenmp lets at::parallel_for use torch's own libgomp.
+CXX_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-Wall"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "-fmad=false", "--prec-div=true", "--prec-sqrt=true"]
+
+sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+kwargs = dict(
+    name="qcomm._C",
+    sources=sources,
+    include_dirs=[os.path.join(ROOT, "csrc")],
+    extra_link_args=["-fopenmp"],
+)
+
+if _want_cuda():
+    archs = os.environ.get("QCOMM_CUDA_ARCHS", "80;90").split(";")
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a]
+    kwargs["sources"] += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+    kwargs["sources"] += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
+    kwargs["define_macros"] = [("QCOMM_WITH_CUDA", "1")]
+    kwargs["extra_compile_args"] = {"cxx": CXX_FLAGS + ["-DQCOMM_WITH_CUDA=1"], "nvcc": NVCC_FLAGS + gencode}
+    ext = cpp_extension.CUDAExtension(**kwargs)
+else:
+    kwargs["extra_compile_args"] = {"cxx": CXX_FLAGS}
+    ext = cpp_extension.CppExtension(**kwargs)
+
+setup(
+    name="qcomm",
+    version="0.1.0",
+    packages=["qcomm"],
+    ext_modules=[ext],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.9",
+    install_requires=["torch==2.11.*"],
+)
