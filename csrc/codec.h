@@ -230,16 +230,23 @@ QCOMM_HD uint32_t quantizeOne(float v, const GroupParams& p) {
   return uint32_t(int(roundHalfEven(t)));
 }
 
+// Keep a decoded value of a finite group finite: the rounded scale can put qmax * scale a hair
+// above FLT_MAX for groups that reach it. NaN compares false and passes through unchanged.
+QCOMM_HD float clampToFinite(float v) {
+  const float kMax = 3.40282346638528859811704183484516925e+38f;
+  return v > kMax ? kMax : (v < -kMax ? -kMax : v);
+}
+
 // Decode one stored code.
 template <int kBits, bool kSym>
 QCOMM_HD float dequantizeOne(uint32_t code, const GroupParams& p) {
   if (kSym) {
     const int q = kBits == 8 ? int(int8_t(uint8_t(code))) : int((code ^ 8u) & 0xfu) - 8;
-    return float(q) * p.scale;
+    return clampToFinite(float(q) * p.scale);
   }
   const float centred = float(int(code)) - levelsAsym(kBits) * 0.5f;
   const float scaled = centred * p.scale;
-  return p.mid + scaled;
+  return clampToFinite(p.mid + scaled);
 }
 
 QCOMM_HD GroupParams loadParams(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g) {

@@ -1,0 +1,103 @@
+"""qcomm: a torch.distributed backend, ``qnccl``, whose allreduce sends 4- to 8-bit data.
+
+``import qcomm`` registers the backend; then ``torch.distributed.init_process_group("qnccl")`` (or
+``new_group(..., backend="qnccl")``) gives a group whose eligible allreduces are quantized on the
+wire and whose every other collective passes through exactly to Gloo (CPU tensors) or NCCL (CUDA).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from .config import ALGORITHMS, ENV_VARS, QuantConfig, from_env, resolve
+
+__all__ = [
+    "QuantConfig",
+    "BACKEND",
+    "get_config",
+    "set_config",
+    "stats",
+    "reset_stats",
+    "plan",
+    "backend_of",
+    "compiled_with_cuda",
+]
+
+BACKEND = "qnccl"
+
+
+def compiled_with_cuda() -> bool:
+    """True when the extension was built with its CUDA sources."""
+    return _C.compiled_with_cuda()
+
+
+def _create(opts, pg_options):
+    """The creator torch calls once per qnccl group (extended API)."""
+    cfg = resolve(pg_options)
+    store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+    nccl = None
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        nopts = dist.ProcessGroupNCCL.Options()
+        nopts._timeout = timeout
+        nopts.global_ranks_in_group = list(opts.global_ranks_in_group)
+        nopts.group_name = opts.group_id
+        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, nopts)
+    return _C.QncclBackend(rank, size, timeout, gloo, nccl, cfg.as_tuple())
+
+
+def _register() -> None:
+    # Registering twice asserts in some torch versions; importing qcomm twice must be harmless.
+    if hasattr(dist.Backend, BACKEND.upper()):
+        return
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+_register()
+
+
+def backend_of(group=None) -> "_C.QncclBackend":
+    """The qnccl backend object behind `group` (default: the default process group)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    be = pg._get_backend(torch.device("cpu"))
+    if not isinstance(be, _C.QncclBackend):
+        raise ValueError(
+            f"qcomm: the group's backend is {dist.get_backend(pg)!r}, not 'qnccl'; create it with "
+            "backend='qnccl'"
+        )
+    return be
+
+
+def set_config(config: QuantConfig, group=None) -> None:
+    """Replace a live group's configuration. Call it on every rank of the group, between
+    collectives: the plan of each allreduce is a function of this config, and ranks with different
+    configs would take different paths."""
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"qcomm.set_config takes a QuantConfig, got {type(config).__name__}")
+    backend_of(group).set_config(config.as_tuple())
+
+
+def get_config(group=None) -> QuantConfig:
+    """The live configuration of a qnccl group."""
+    return QuantConfig.from_dict(backend_of(group).get_config())
+
+
+def stats(group=None) -> dict:
+    """Counters of this rank for `group`: quantized_calls, passthrough_calls (every collective that
+    went to the inner backend), input_bytes and wire_bytes (bytes this rank sent) of the quantized
+    allreduces, and their ratio compression."""
+    s = dict(backend_of(group).stats())
+    s["compression"] = s["input_bytes"] / s["wire_bytes"] if s["wire_bytes"] else None
+    return s
+
+
+def reset_stats(group=None) -> None:
+    backend_of(group).reset_stats()
+
+
+def plan(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> dict:
+    """What an allreduce of `tensor` on `group` would do now: quantize or pass through (and why),
+    the algorithm, bits and chunking."""
+    return dict(backend_of(group).plan(tensor, op))

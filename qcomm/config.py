@@ -1,0 +1,159 @@
+"""QuantConfig: every knob of a qnccl group, with validation and environment overrides.
+
+Precedence: an explicit config (``pg_options`` at group creation, or :func:`qcomm.set_config` on a
+live group) over ``QCOMM_*`` environment variables over the defaults below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional, Union
+
+#: algorithm name -> code shared with csrc/config.h
+ALGORITHMS = {"auto": 0, "two_step": 1, "ring": 2, "semi_ring": 3, "none": 4}
+BITS = (4, 8, None)
+
+#: environment variable -> QuantConfig field
+ENV_VARS = {
+    "QCOMM_ALGO": "algorithm",
+    "QCOMM_RS_BITS": "rs_bits",
+    "QCOMM_AG_BITS": "ag_bits",
+    "QCOMM_GROUP_SIZE": "group_size",
+    "QCOMM_SYMMETRIC": "symmetric",
+    "QCOMM_MIN_BYTES": "min_bytes",
+    "QCOMM_MICROSHARDS": "microshards",
+}
+
+Bits = Optional[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantConfig:
+    """Configuration of a qnccl group's quantized allreduce.
+
+    algorithm: ``auto`` (two_step today), ``two_step`` (Flash Communication), ``ring`` or
+        ``semi_ring`` (EQuARX), or ``none`` (every allreduce passes through exactly).
+    rs_bits / ag_bits: bits of the reduce phase and of the gather phase: 4, 8, or None (that phase
+        ships the input dtype). Flash Communication's "INT6" is rs_bits=4, ag_bits=8.
+    group_size: elements per quantization group (one scale each): a power of two, 32..1024.
+    symmetric: True for absmax scaling (one fp32 per group); False for min/max scaling (scale and
+        midpoint, two fp32 per group: a finer step for skewed groups).
+    min_bytes: messages smaller than this pass through exactly (latency-bound, little to gain).
+    microshards: pieces per chunk in the rings, so transfers overlap the codec (1..64).
+    """
+
+    algorithm: str = "auto"
+    rs_bits: Bits = 8
+    ag_bits: Bits = 8
+    group_size: int = 128
+    symmetric: bool = False
+    min_bytes: int = 1 << 20
+    microshards: int = 4
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def replace(self, **changes) -> "QuantConfig":
+        return dataclasses.replace(self, **changes)
+
+    def as_tuple(self) -> tuple:
+        """The C++ constructor's argument order (csrc/bindings.cpp)."""
+        return (
+            ALGORITHMS[self.algorithm],
+            self.rs_bits or 0,
+            self.ag_bits or 0,
+            self.group_size,
+            bool(self.symmetric),
+            int(self.min_bytes),
+            int(self.microshards),
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "QuantConfig":
+        names = {v: k for k, v in ALGORITHMS.items()}
+        return cls(
+            algorithm=names[d["algorithm"]],
+            rs_bits=d["rs_bits"] or None,
+            ag_bits=d["ag_bits"] or None,
+            group_size=d["group_size"],
+            symmetric=bool(d["symmetric"]),
+            min_bytes=d["min_bytes"],
+            microshards=d["microshards"],
+        )
+
+
+def _bad(knob: str, value, allowed: str) -> ValueError:
+    return ValueError(f"qcomm: invalid {knob}={value!r}; allowed: {allowed}")
+
+
+def validate(cfg: QuantConfig) -> None:
+    if cfg.algorithm not in ALGORITHMS:
+        raise _bad("algorithm", cfg.algorithm, ", ".join(ALGORITHMS))
+    for knob in ("rs_bits", "ag_bits"):
+        v = getattr(cfg, knob)
+        if isinstance(v, bool) or v not in BITS:
+            raise _bad(knob, v, "4, 8 or None (ship the input dtype)")
+    g = cfg.group_size
+    if isinstance(g, bool) or not isinstance(g, int) or g < 32 or g > 1024 or g & (g - 1):
+        raise _bad("group_size", g, "a power of two from 32 to 1024")
+    if not isinstance(cfg.symmetric, bool):
+        raise _bad("symmetric", cfg.symmetric, "True or False")
+    m = cfg.min_bytes
+    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        raise _bad("min_bytes", m, "an integer >= 0")
+    s = cfg.microshards
+    if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= 64:
+        raise _bad("microshards", s, "an integer from 1 to 64")
+
+
+def _parse_env(var: str, raw: str):
+    field = ENV_VARS[var]
+    text = raw.strip()
+    if field == "algorithm":
+        return text.lower()
+    if field in ("rs_bits", "ag_bits"):
+        if text.lower() in ("none", "0", ""):
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"qcomm: invalid {var}={raw!r}; allowed: 4, 8 or none") from None
+    if field == "symmetric":
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"qcomm: invalid {var}={raw!r}; allowed: 1/0, true/false, yes/no, on/off")
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"qcomm: invalid {var}={raw!r}; allowed: an integer") from None
+
+
+def from_env(environ=None) -> QuantConfig:
+    """The defaults overridden by any ``QCOMM_*`` variables that are set."""
+    environ = os.environ if environ is None else environ
+    changes = {}
+    for var, field in ENV_VARS.items():
+        if var in environ:
+            changes[field] = _parse_env(var, environ[var])
+    try:
+        return QuantConfig(**changes)
+    except ValueError as e:
+        raise ValueError(f"{e} (from the environment)") from None
+
+
+def resolve(explicit: Union[QuantConfig, dict, None]) -> QuantConfig:
+    """Explicit config over environment over defaults."""
+    if explicit is None:
+        return from_env()
+    if isinstance(explicit, QuantConfig):
+        return explicit
+    if isinstance(explicit, dict):
+        return QuantConfig(**explicit)
+    raise TypeError(
+        "qcomm: pg_options for a qnccl group must be a qcomm.QuantConfig (or a dict of its fields), "
+        f"got {type(explicit).__name__}"
+    )

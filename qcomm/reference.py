@@ -1,0 +1,300 @@
+"""A pure-PyTorch model of the qcomm codec and of the three allreduce algorithms.
+
+It documents the math and is what the tests compare the extension against. Two precisions, each
+where it belongs:
+
+* The codec and the algorithms are modelled **in fp32, operation for operation** as the C++ code
+  (csrc/codec.h, csrc/algo_*.cpp) performs them: the spec says the codec computes in fp32 with
+  round-to-nearest-even, and only an fp32 model can say what the exact wire bytes are. torch's
+  elementwise fp32 ops are correctly rounded IEEE operations, so the model and the extension agree
+  bit for bit, and the tests demand exactly that.
+* The **exact sum** the results are judged against, and the **error bound**, are float64.
+
+Codec (per group of `group_size` consecutive elements; the last group may be shorter):
+
+  symmetric:   scale = absmax / qmax                    (qmax = 127 at 8 bits, 7 at 4 bits)
+               q = round(clamp(x / scale, -qmax, qmax)),    x^ = q * scale
+  asymmetric:  scale = hi / L - lo / L,  mid = lo/2 + hi/2  (L = 255 at 8 bits, 15 at 4 bits)
+               q = round(clamp((x - mid) / scale + L/2, 0, L)),   x^ = mid + (q - L/2) * scale
+
+  round = nearest, ties to even; scale == 0 gives q = 0 (symmetric) or L/2 rounded (asymmetric),
+  so constant groups decode exactly. A group with a NaN or Inf gets scale = NaN: all of it decodes
+  to NaN.
+
+Error bound of one quantization of a finite group: |x - x^| <= scale / 2, plus the fp32 rounding of
+the computation of t and of x^ (a few ulps, bounded below). An allreduce's bound is the sum of the
+bounds of every quantization an element's value passes through (each dequantized value is added
+as is into the next partial sum), plus the fp32 rounding of the sums and of the final cast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+F32 = torch.float32
+F64 = torch.float64
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    bits: int  # 0 (raw, in raw_dtype), 4 or 8
+    group_size: int = 128
+    symmetric: bool = False
+    raw_dtype: torch.dtype = torch.float32
+
+    @property
+    def qmax(self) -> float:
+        return 127.0 if self.bits == 8 else 7.0
+
+    @property
+    def levels(self) -> float:
+        return 255.0 if self.bits == 8 else 15.0
+
+
+def _groups(x32: torch.Tensor, g: int) -> Tuple[torch.Tensor, int]:
+    """[n] -> [ng, g], the last group padded with its own first element (which changes neither its
+    min, max, absmax nor its finiteness)."""
+    n = x32.numel()
+    ng = (n + g - 1) // g
+    pad = ng * g - n
+    if pad:
+        x32 = torch.cat([x32, x32[(ng - 1) * g].repeat(pad)])
+    return x32.view(ng, g), n
+
+
+def group_params(x32: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(scale, mid) per group, fp32, computed as csrc/codec.h groupParams does."""
+    xg, _ = _groups(x32, c.group_size)
+    bad = torch.isnan((xg * 0.0).sum(dim=1))
+    if c.symmetric:
+        scale = xg.abs().amax(dim=1) / torch.tensor(c.qmax, dtype=F32)
+        mid = torch.zeros_like(scale)
+    else:
+        lo = xg.amin(dim=1)
+        hi = xg.amax(dim=1)
+        L = torch.tensor(c.levels, dtype=F32)
+        scale = hi / L - lo / L
+        mid = lo * 0.5 + hi * 0.5
+    scale = torch.where(bad, torch.full_like(scale, float("nan")), scale)
+    mid = torch.where(bad, torch.zeros_like(mid), mid)
+    return scale, mid
+
+
+def quantize(x32: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes (int32, as stored before packing: symmetric codes are signed), scale, mid."""
+    scale, mid = group_params(x32, c)
+    n = x32.numel()
+    s = scale.repeat_interleave(c.group_size)[:n]
+    m = mid.repeat_interleave(c.group_size)[:n]
+    nonzero = s != 0
+    safe = torch.where(nonzero, s, torch.ones_like(s))
+    if c.symmetric:
+        t = torch.where(nonzero, x32 / safe, torch.zeros_like(x32))
+        t = t.clamp(-c.qmax, c.qmax)
+    else:
+        t = torch.where(nonzero, (x32 - m) / safe, torch.zeros_like(x32)) + c.levels * 0.5
+        t = t.clamp(0.0, c.levels)
+    finite = ~torch.isnan(s)
+    t = torch.where(finite, t, torch.zeros_like(t) if c.symmetric else torch.zeros_like(t))
+    q = torch.round(t).to(torch.int32)
+    if not c.symmetric:
+        q = torch.where(finite, q, torch.zeros_like(q))
+    return q, scale, mid
+
+
+FLT_MAX = torch.finfo(F32).max
+
+
+def _clamp_finite(v: torch.Tensor) -> torch.Tensor:
+    """A finite group decodes to finite values (the rounded scale can put qmax * scale just above
+    FLT_MAX); NaN stays NaN."""
+    return torch.where(v > FLT_MAX, FLT_MAX, torch.where(v < -FLT_MAX, -FLT_MAX, v))
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, mid: torch.Tensor, c: Codec) -> torch.Tensor:
+    n = q.numel()
+    s = scale.repeat_interleave(c.group_size)[:n]
+    if c.symmetric:
+        return _clamp_finite(q.to(F32) * s)
+    m = mid.repeat_interleave(c.group_size)[:n]
+    return _clamp_finite(m + (q.to(F32) - c.levels * 0.5) * s)
+
+
+def encode_bytes(x: torch.Tensor, c: Codec) -> torch.Tensor:
+    """The wire bytes of x (any of fp32/fp16/bf16), laid out as csrc/codec.h documents."""
+    if c.bits == 0:
+        return x.to(c.raw_dtype).contiguous().view(torch.uint8).flatten()
+    x32 = x.to(F32).flatten()
+    n = x32.numel()
+    if n == 0:
+        return torch.zeros(0, dtype=torch.uint8)
+    q, scale, mid = quantize(x32, c)
+    meta = [scale] if c.symmetric else [scale, mid]
+    meta_b = torch.cat([m.contiguous().view(torch.uint8) for m in meta])
+    pad = (-meta_b.numel()) % 16
+    if c.bits == 8:
+        data = (q & 0xFF).to(torch.uint8)
+    else:
+        nib = (q & 0xF).to(torch.uint8)
+        if n % 2:
+            nib = torch.cat([nib, torch.zeros(1, dtype=torch.uint8)])
+        data = nib[0::2] | (nib[1::2] << 4)
+    return torch.cat([meta_b, torch.zeros(pad, dtype=torch.uint8), data])
+
+
+def roundtrip(x: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tensor]:
+    """x^ (fp32) after one encode/decode with codec c, and the float64 bound on |x - x^|."""
+    x32 = x.to(F32).flatten()
+    if c.bits == 0:
+        y = x32.to(c.raw_dtype).to(F32)
+        return y, cast_bound(x32.to(F64), c.raw_dtype)
+    q, scale, mid = quantize(x32, c)
+    y = dequantize(q, scale, mid, c)
+    n = x32.numel()
+    s = scale.repeat_interleave(c.group_size)[:n].to(F64)
+    m = mid.repeat_interleave(c.group_size)[:n].to(F64)
+    # scale / 2 from rounding to the nearest code; the fp32 evaluation of t and of x^ adds a few
+    # ulps of the magnitudes involved (|x|, |mid|, L/2 * scale), bounded by 2^-21 of their sum;
+    # 2^-10 * scale covers the clamp at the ends (scale itself is rounded); 2^-140 covers groups
+    # whose scale is subnormal.
+    half_range = (c.qmax if c.symmetric else c.levels * 0.5) * s
+    bound = 0.5 * s * (1 + 2.0**-10) + 2.0**-21 * (x32.abs().to(F64) + m.abs() + half_range)
+    bound = bound + 2.0**-140
+    return y, bound
+
+
+def cast_bound(v64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bound on |v - dtype(v)| for rounding to nearest (half an ulp, relative), plus the absolute
+    half-ulp of the dtype's subnormals."""
+    if dtype == torch.float32:
+        return v64.abs() * 2.0**-24 + 2.0**-150
+    if dtype == torch.bfloat16:
+        return v64.abs() * 2.0**-8 + 2.0**-134
+    return v64.abs() * 2.0**-11 + 2.0**-25
+
+
+# ---- chunk geometry (csrc/plan.cpp) ----
+
+
+def chunk_elems(n: int, world: int, group_size: int) -> int:
+    groups = (n + group_size - 1) // group_size
+    return (groups + world - 1) // world * group_size
+
+
+def chunks(n: int, world: int, group_size: int) -> List[slice]:
+    ce = chunk_elems(n, world, group_size)
+    out = []
+    for c in range(world):
+        b = min(c * ce, n)
+        out.append(slice(b, min(b + ce, n)))
+    return out
+
+
+# ---- algorithms ----
+
+
+@dataclasses.dataclass
+class Result:
+    out: torch.Tensor  # what every rank holds afterwards, in the input dtype
+    bound: torch.Tensor  # float64 per-element bound on |out - exact|
+    exact: torch.Tensor  # float64 exact sum (or average)
+
+
+class _Tracked:
+    """An fp32 value together with the float64 bound on its error against the exact partial sum."""
+
+    def __init__(self, v: torch.Tensor, b: torch.Tensor):
+        self.v, self.b = v, b
+
+    def add(self, other_v: torch.Tensor, other_b: torch.Tensor) -> "_Tracked":
+        s = self.v + other_v
+        # one fp32 rounding of the sum
+        return _Tracked(s, self.b + other_b + s.abs().to(F64) * 2.0**-24)
+
+    def hop(self, c: Codec) -> "_Tracked":
+        """Encode and decode with codec c (a transfer)."""
+        y, b = roundtrip(self.v, c)
+        return _Tracked(y, self.b + b)
+
+
+def _codecs(dtype, rs_bits, ag_bits, group_size, symmetric):
+    rs = Codec(rs_bits or 0, group_size, symmetric, dtype)
+    ag = Codec(ag_bits or 0, group_size, symmetric, dtype)
+    return rs, ag
+
+
+def _start(x: torch.Tensor) -> _Tracked:
+    x32 = x.to(F32)
+    return _Tracked(x32, torch.zeros(x32.shape, dtype=F64))
+
+
+def allreduce(
+    xs: Sequence[torch.Tensor],
+    algorithm: str = "two_step",
+    rs_bits: Optional[int] = 8,
+    ag_bits: Optional[int] = 8,
+    group_size: int = 128,
+    symmetric: bool = False,
+    average: bool = False,
+) -> Result:
+    """The quantized allreduce of the per-rank 1-D tensors `xs` (all of one dtype and numel)."""
+    world = len(xs)
+    dtype = xs[0].dtype
+    n = xs[0].numel()
+    flat = [x.flatten() for x in xs]
+    rs, ag = _codecs(dtype, rs_bits, ag_bits, group_size, symmetric)
+    exact = torch.stack([x.to(F64) for x in flat]).sum(0)
+    if average:
+        exact = exact / world
+    out = torch.empty(n, dtype=dtype)
+    bound = torch.zeros(n, dtype=F64)
+    for c, sl in enumerate(chunks(n, world, group_size)):
+        if sl.stop <= sl.start:
+            continue
+        parts = [x[sl] for x in flat]
+        if algorithm == "two_step":
+            s = _start(parts[0]).hop(rs)
+            for r in range(1, world):
+                h = _start(parts[r]).hop(rs)
+                s = s.add(h.v, h.b)
+        elif algorithm == "ring":
+            # chunk c starts at rank c+1 and travels c+2, ..., ending at its owner c
+            r0 = (c + 1) % world
+            s = _start(parts[r0])
+            for j in range(2, world + 1):
+                s = s.hop(rs)
+                s = s.add(parts[(c + j) % world].to(F32), 0.0)
+        elif algorithm == "semi_ring":
+            R, L = world // 2, (world - 1) // 2
+            right = _chain(parts, [(c + d) % world for d in range(R, 0, -1)], rs)
+            s = right.add(parts[c].to(F32), 0.0)
+            if L > 0:
+                left = _chain(parts, [(c - d) % world for d in range(L, 0, -1)], rs)
+                s = s.add(left.v, left.b)
+        else:
+            raise ValueError(f"unknown algorithm {algorithm!r}")
+        if average:
+            v = s.v / float(world)
+            s = _Tracked(v, s.b / world + v.abs().to(F64) * 2.0**-24)
+        g = s.hop(ag)
+        o = g.v.to(dtype)
+        out[sl] = o
+        bound[sl] = g.b + cast_bound(g.v.to(F64), dtype)
+    # the fp32 sums' rounding (added per step above) is relative to partial sums; the final value
+    # can be smaller than them, so also allow 2^-23 of the sum of magnitudes per rank
+    mags = torch.stack([x.to(F64).abs() for x in flat]).sum(0)
+    bound = bound + world * 2.0**-23 * mags / (world if average else 1)
+    return Result(out, bound, exact)
+
+
+def _chain(parts, ranks, rs: Codec) -> _Tracked:
+    """A semi_ring chain: the first rank's input, then at each later rank decode + local; the
+    final transfer into the owner is included."""
+    s = _start(parts[ranks[0]])
+    for r in ranks[1:]:
+        s = s.hop(rs)
+        s = s.add(parts[r].to(F32), 0.0)
+    return s.hop(rs)
