@@ -21,7 +21,9 @@ def _want_cuda() -> bool:
         return False
     if flag == "1":
         if not have:
-            raise SystemExit("QCOMM_CUDA=1 but nvcc, a CUDA build of torch or csrc/cuda/*.cu is missing")
+            raise SystemExit(
+                "QCOMM_CUDA=1 but nvcc, a CUDA build of torch or csrc/cuda/*.cu is missing"
+            )
         return True
     return have
 
@@ -51,7 +53,10 @@ if _want_cuda():
     kwargs["sources"] += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
     kwargs["sources"] += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
     kwargs["define_macros"] = [("QCOMM_WITH_CUDA", "1")]
-    kwargs["extra_compile_args"] = {"cxx": CXX_FLAGS + ["-DQCOMM_WITH_CUDA=1"], "nvcc": NVCC_FLAGS + gencode}
+    kwargs["extra_compile_args"] = {
+        "cxx": CXX_FLAGS + ["-DQCOMM_WITH_CUDA=1"],
+        "nvcc": NVCC_FLAGS + gencode,
+    }
     ext = cpp_extension.CUDAExtension(**kwargs)
 else:
     kwargs["extra_compile_args"] = {"cxx": CXX_FLAGS}

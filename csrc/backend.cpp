@@ -163,8 +163,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allgather(
   return pickAll(inputs, "allgather")->allgather(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> QncclBackend::_allgather_base(at::Tensor& output,
-                                                             at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> QncclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::AllgatherOptions& opts) {
   return pickAll({input}, "all_gather_into_tensor")->_allgather_base(output, input, opts);
 }

@@ -133,10 +133,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                if (o.is_none()) return {};
                return c10::intrusive_ptr<c10d::Backend>::reclaim_copy(o.cast<c10d::Backend*>());
              };
-             QuantConfig c = configFromArgs(cfg[0].cast<int>(), cfg[1].cast<int>(),
-                                            cfg[2].cast<int>(), cfg[3].cast<int>(),
-                                            cfg[4].cast<bool>(), cfg[5].cast<int64_t>(),
-                                            cfg[6].cast<int>());
+             QuantConfig c = configFromArgs(
+                 cfg[0].cast<int>(), cfg[1].cast<int>(), cfg[2].cast<int>(), cfg[3].cast<int>(),
+                 cfg[4].cast<bool>(), cfg[5].cast<int64_t>(), cfg[6].cast<int>());
              return c10::make_intrusive<QncclBackend>(rank, size, timeout, asBackend(gloo),
                                                       asBackend(nccl), c);
            }),

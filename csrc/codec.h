@@ -318,11 +318,15 @@ QCOMM_HD void decodeGroupT(const uint8_t* block, int64_t n, const CodecSpec& c, 
 template <class T>
 QCOMM_HD void encodeGroup(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block) {
   if (c.bits == 8) {
-    if (c.symmetric) encodeGroupT<8, true>(x, n, c, g, block);
-    else encodeGroupT<8, false>(x, n, c, g, block);
+    if (c.symmetric)
+      encodeGroupT<8, true>(x, n, c, g, block);
+    else
+      encodeGroupT<8, false>(x, n, c, g, block);
   } else {
-    if (c.symmetric) encodeGroupT<4, true>(x, n, c, g, block);
-    else encodeGroupT<4, false>(x, n, c, g, block);
+    if (c.symmetric)
+      encodeGroupT<4, true>(x, n, c, g, block);
+    else
+      encodeGroupT<4, false>(x, n, c, g, block);
   }
 }
 
@@ -330,11 +334,15 @@ template <bool kAccumulate>
 QCOMM_HD void decodeGroup(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g,
                           float* out) {
   if (c.bits == 8) {
-    if (c.symmetric) decodeGroupT<8, true, kAccumulate>(block, n, c, g, out);
-    else decodeGroupT<8, false, kAccumulate>(block, n, c, g, out);
+    if (c.symmetric)
+      decodeGroupT<8, true, kAccumulate>(block, n, c, g, out);
+    else
+      decodeGroupT<8, false, kAccumulate>(block, n, c, g, out);
   } else {
-    if (c.symmetric) decodeGroupT<4, true, kAccumulate>(block, n, c, g, out);
-    else decodeGroupT<4, false, kAccumulate>(block, n, c, g, out);
+    if (c.symmetric)
+      decodeGroupT<4, true, kAccumulate>(block, n, c, g, out);
+    else
+      decodeGroupT<4, false, kAccumulate>(block, n, c, g, out);
   }
 }
 

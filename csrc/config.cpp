@@ -30,9 +30,9 @@ void validateConfig(const QuantConfig& c) {
                     c.rsBits, "; allowed: 4, 8 or none");
   TORCH_CHECK_VALUE(c.agBits == 0 || c.agBits == 4 || c.agBits == 8, "[qcomm] invalid ag_bits ",
                     c.agBits, "; allowed: 4, 8 or none");
-  TORCH_CHECK_VALUE(c.groupSize >= 32 && c.groupSize <= 1024 && (c.groupSize & (c.groupSize - 1)) == 0,
-                    "[qcomm] invalid group_size ", c.groupSize,
-                    "; allowed: a power of two from 32 to 1024");
+  TORCH_CHECK_VALUE(
+      c.groupSize >= 32 && c.groupSize <= 1024 && (c.groupSize & (c.groupSize - 1)) == 0,
+      "[qcomm] invalid group_size ", c.groupSize, "; allowed: a power of two from 32 to 1024");
   TORCH_CHECK_VALUE(c.minBytes >= 0, "[qcomm] invalid min_bytes ", c.minBytes,
                     "; allowed: an integer >= 0");
   TORCH_CHECK_VALUE(c.microshards >= 1 && c.microshards <= 64, "[qcomm] invalid microshards ",

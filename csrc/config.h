@@ -11,8 +11,8 @@ enum Algo : int32_t { kAuto = 0, kTwoStep = 1, kRing = 2, kSemiRing = 3, kAlgoNo
 
 struct QuantConfig {
   int32_t algorithm = kAuto;
-  int32_t rsBits = 8;      // 0 (none), 4 or 8
-  int32_t agBits = 8;      // 0 (none), 4 or 8
+  int32_t rsBits = 8;  // 0 (none), 4 or 8
+  int32_t agBits = 8;  // 0 (none), 4 or 8
   int32_t groupSize = 128;
   bool symmetric = false;
   int64_t minBytes = 1 << 20;

@@ -2,10 +2,9 @@
 // (Gloo for CPU bytes, NCCL for CUDA bytes). Algorithms speak only to this interface.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-
 #include <chrono>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
 namespace qcomm {

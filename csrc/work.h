@@ -3,7 +3,6 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
-
 #include <vector>
 
 namespace qcomm {

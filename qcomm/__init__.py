@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .config import ALGORITHMS, ENV_VARS, QuantConfig, from_env, resolve
+from .config import ALGORITHMS, ENV_VARS, QuantConfig, from_env, resolve  # noqa: F401 (API)
 
 __all__ = [
     "QuantConfig",

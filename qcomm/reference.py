@@ -97,11 +97,9 @@ def quantize(x32: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tensor, t
     else:
         t = torch.where(nonzero, (x32 - m) / safe, torch.zeros_like(x32)) + c.levels * 0.5
         t = t.clamp(0.0, c.levels)
+    # a non-finite group stores code 0 everywhere; its NaN scale carries the verdict
     finite = ~torch.isnan(s)
-    t = torch.where(finite, t, torch.zeros_like(t) if c.symmetric else torch.zeros_like(t))
-    q = torch.round(t).to(torch.int32)
-    if not c.symmetric:
-        q = torch.where(finite, q, torch.zeros_like(q))
+    q = torch.where(finite, torch.round(t), torch.zeros_like(t)).to(torch.int32)
     return q, scale, mid
 
 

@@ -8,7 +8,9 @@ cd "$ROOT"
 PY="${QCOMM_PYTHON:-python3}"
 VENV="$ROOT/.venv"
 TORCH_VERSION="2.11.0"
-DEPS=(numpy pytest ninja setuptools wheel hypothesis matplotlib)
+# module:requirement. ruff and clang-format are pinned so the format check means the same everywhere.
+DEPS=(numpy:numpy pytest:pytest ninja:ninja setuptools:setuptools wheel:wheel hypothesis:hypothesis
+      matplotlib:matplotlib ruff:ruff==0.17.6 clang_format:clang-format==18.1.8)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -40,7 +42,8 @@ fi
 
 missing=()
 for d in "${DEPS[@]}"; do
-  "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$d') is None)" 2>/dev/null || missing+=("$d")
+  mod="${d%%:*}" req="${d#*:}"
+  "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$mod') is None)" 2>/dev/null || missing+=("$req")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"

@@ -37,7 +37,7 @@ def _entry(fn, rank, world, init_file, backend, pg_options, threads, args, out):
         out.put((rank, "ok", result))
     except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
         out.put((rank, "error", traceback.format_exc()))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
 
 
 def run_ranks(fn, world, *args, backend="qnccl", pg_options=None, timeout=180, threads=1, env=None):

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 import qcomm
 from qcomm import reference as ref
+
 from dist_util import run_ranks
 
 ALGOS = ["two_step", "ring", "semi_ring"]
@@ -93,7 +94,9 @@ def _extras_worker(rank, world):
     # AVG, mixed magnitudes across ranks, world 5 numbers that divide nothing
     for i, algo in enumerate(ALGOS):
         problems += _check_case(rank, world, algo, 8, 8, torch.float32, 4099, 100 + i, average=True)
-        problems += _check_case(rank, world, algo, 4, 8, torch.bfloat16, 3001, 200 + i, kind="mixed")
+        problems += _check_case(
+            rank, world, algo, 4, 8, torch.bfloat16, 3001, 200 + i, kind="mixed"
+        )
     # the number of microshards changes the pipelining, never the result
     xs = _inputs(world, 20000, torch.float32, 7)
     outs = []

@@ -137,8 +137,22 @@ def test_float_to_16bit_rounding_matches_torch():
     bits = torch.randint(-(2**31), 2**31 - 1, (200000,), generator=gen, dtype=torch.int64)
     f = bits.to(torch.int32).view(torch.float32)
     # values near fp16's range edges and exact ties
-    extra = torch.tensor([65504.0, 65519.99, 65520.0, 65536.0, 6.1035156e-05, 5.96e-08, 2.98e-08,
-                          2.9802322e-08, 1.0 + 2**-11, 1.0 + 3 * 2**-11, 1.0 + 2**-8, 1.0 + 3 * 2**-8])
+    extra = torch.tensor(
+        [
+            65504.0,
+            65519.99,
+            65520.0,
+            65536.0,
+            6.1035156e-05,
+            5.96e-08,
+            2.98e-08,
+            2.9802322e-08,
+            1.0 + 2**-11,
+            1.0 + 3 * 2**-11,
+            1.0 + 2**-8,
+            1.0 + 3 * 2**-8,
+        ]
+    )
     f = torch.cat([f, extra, -extra])
     for dt in (torch.float16, torch.bfloat16):
         assert _same(_C.cast_from_float(f, dt).float(), f.to(dt).float()), dt

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: set up what is missing (venv, torch, the build), check formatting, run pytest.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k codec` or `bash scripts/test.sh -m slow`.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="$(bash scripts/setup.sh)"
+BIN="$(dirname "$PY")"
+
+echo "[test] format check: ruff (Python), clang-format (C++/CUDA)"
+"$BIN/ruff" check qcomm tests benchmarks scripts
+"$BIN/ruff" format --check qcomm tests benchmarks scripts
+mapfile -t CSRC < <(find csrc -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
+"$BIN/clang-format" --dry-run -Werror "${CSRC[@]}"
+
+echo "[test] pytest"
+exec "$PY" -m pytest "$@"

@@ -1,0 +1,129 @@
+"""Configuration: validation messages, environment parsing, precedence, per-group settings."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import qcomm
+from qcomm import config as qc
+
+from dist_util import run_ranks
+
+
+@pytest.mark.parametrize(
+    "knob,value,allowed",
+    [
+        ("algorithm", "fast", "auto, two_step, ring, semi_ring, none"),
+        ("rs_bits", 6, "4, 8 or None"),
+        ("ag_bits", 16, "4, 8 or None"),
+        ("rs_bits", True, "4, 8 or None"),
+        ("group_size", 100, "power of two from 32 to 1024"),
+        ("group_size", 2048, "power of two from 32 to 1024"),
+        ("group_size", 16, "power of two from 32 to 1024"),
+        ("symmetric", "yes", "True or False"),
+        ("min_bytes", -1, "integer >= 0"),
+        ("min_bytes", 1.5, "integer >= 0"),
+        ("microshards", 0, "from 1 to 64"),
+        ("microshards", 65, "from 1 to 64"),
+    ],
+)
+def test_invalid_values_name_knob_value_and_allowed(knob, value, allowed):
+    with pytest.raises(ValueError) as e:
+        qcomm.QuantConfig(**{knob: value})
+    msg = str(e.value)
+    assert knob in msg and repr(value) in msg and allowed in msg
+
+
+def test_defaults():
+    c = qcomm.QuantConfig()
+    assert (c.algorithm, c.rs_bits, c.ag_bits, c.group_size, c.symmetric) == (
+        "auto",
+        8,
+        8,
+        128,
+        False,
+    )
+    assert c.min_bytes == 1 << 20 and c.microshards == 4
+
+
+def test_environment_parsing():
+    env = {
+        "QCOMM_ALGO": "Ring",
+        "QCOMM_RS_BITS": "4",
+        "QCOMM_AG_BITS": "none",
+        "QCOMM_GROUP_SIZE": "64",
+        "QCOMM_SYMMETRIC": "true",
+        "QCOMM_MIN_BYTES": "0",
+        "QCOMM_MICROSHARDS": "2",
+    }
+    c = qc.from_env(env)
+    assert c == qcomm.QuantConfig("ring", 4, None, 64, True, 0, 2)
+    assert qc.from_env({}) == qcomm.QuantConfig()
+
+
+@pytest.mark.parametrize(
+    "var,value,match",
+    [
+        ("QCOMM_RS_BITS", "eight", "QCOMM_RS_BITS='eight'"),
+        ("QCOMM_RS_BITS", "6", "rs_bits=6"),
+        ("QCOMM_SYMMETRIC", "maybe", "QCOMM_SYMMETRIC='maybe'"),
+        ("QCOMM_GROUP_SIZE", "99", "group_size=99"),
+        ("QCOMM_ALGO", "tree", "algorithm='tree'"),
+        ("QCOMM_MIN_BYTES", "1k", "QCOMM_MIN_BYTES='1k'"),
+    ],
+)
+def test_invalid_environment(var, value, match):
+    with pytest.raises(ValueError, match=match):
+        qc.from_env({var: value})
+
+
+def test_resolve_precedence_and_types():
+    explicit = qcomm.QuantConfig(rs_bits=4)
+    assert qc.resolve(explicit) is explicit
+    assert qc.resolve({"ag_bits": 4}) == qcomm.QuantConfig(ag_bits=4)
+    with pytest.raises(TypeError, match="QuantConfig"):
+        qc.resolve(42)
+
+
+def test_cpp_validation_matches_python():
+    # the C++ side rejects what Python rejects, even if Python's check is bypassed
+    bad = (0, 6, 8, 128, False, 0, 4)  # rs_bits 6
+    with pytest.raises(ValueError, match="rs_bits"):
+        qcomm._C.QncclBackend(0, 1, __import__("datetime").timedelta(seconds=5), None, None, bad)
+
+
+def _precedence_worker(rank, world):
+    out = {}
+    out["default_group"] = qcomm.get_config()  # from the environment
+    sub = dist.new_group([0, 1], backend="qnccl", pg_options=qcomm.QuantConfig(algorithm="ring"))
+    out["explicit_group"] = qcomm.get_config(sub)
+    qcomm.set_config(qcomm.QuantConfig(algorithm="semi_ring", ag_bits=4), group=sub)
+    out["after_set"] = qcomm.get_config(sub)
+    out["default_unchanged"] = qcomm.get_config()
+    x = torch.ones(1000)
+    out["plan"] = qcomm.plan(x, group=sub)
+    out["plan_small"] = qcomm.plan(torch.ones(10))
+    out["plan_int"] = qcomm.plan(torch.ones(10, dtype=torch.int32))
+    out["plan_max"] = qcomm.plan(torch.ones(10**6), op=dist.ReduceOp.MAX)
+    try:
+        qcomm.set_config(qcomm.QuantConfig(), group=dist.new_group([0, 1], backend="gloo"))
+        out["gloo_error"] = None
+    except ValueError as e:
+        out["gloo_error"] = str(e)
+    return out
+
+
+def test_precedence_across_ranks():
+    env = {"QCOMM_RS_BITS": "4", "QCOMM_MIN_BYTES": "0", "QCOMM_ALGO": "two_step"}
+    results = run_ranks(_precedence_worker, 2, env=env)
+    for out in results:
+        assert out["default_group"] == qcomm.QuantConfig("two_step", rs_bits=4, min_bytes=0)
+        assert out["explicit_group"] == qcomm.QuantConfig(algorithm="ring")  # explicit over env
+        assert out["after_set"] == qcomm.QuantConfig(algorithm="semi_ring", ag_bits=4)
+        assert out["default_unchanged"] == out["default_group"]
+        # the subgroup keeps the default min_bytes (1 MiB), so 4000 bytes pass through
+        assert out["plan"]["quantize"] is False and "min_bytes" in out["plan"]["reason"]
+        assert out["plan_small"]["quantize"] is True and out["plan_small"]["rs_bits"] == 4
+        assert out["plan_int"]["quantize"] is False and "dtype" in out["plan_int"]["reason"]
+        assert out["plan_max"]["quantize"] is False and "op" in out["plan_max"]["reason"]
+        assert "not 'qnccl'" in out["gloo_error"]
