@@ -83,6 +83,11 @@ void runRing(const Plan& plan, Transport& t, void* data) {
   for (size_t i = 0; i < sends.size(); ++i) {
     t.wait(sends[i], "ring reduce-scatter send to rank " + std::to_string(next));
   }
+  // release the reduce phase's buffers before the gather phase allocates its own
+  recvSlices.clear();
+  sendSlices.clear();
+  sendBuf = at::Tensor();
+  recvBuf = at::Tensor();
   gatherPhase(plan, t, partial.data(), data);
 }
 

@@ -115,6 +115,11 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
   }
   for (auto& w : sends) t.wait(w, "semi_ring reduce-scatter send");
 
+  // release the reduce phase's buffers before the gather phase allocates its own
+  recvSlices.clear();
+  sendSlices.clear();
+  sendBuf = at::Tensor();
+  recvBuf = at::Tensor();
   const ChunkRange own = plan.chunk(rank);
   float* sum = partial[0].data();
   addToFloat(elemPtr(data, plan.dtype, own.begin), plan.dtype, own.len, sum);

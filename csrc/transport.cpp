@@ -27,15 +27,15 @@ void Transport::wait(const c10::intrusive_ptr<c10d::Work>& w, const std::string&
   }
 }
 
-void Transport::allToAll(at::Tensor& out, at::Tensor& in) {
+void Transport::allToAll(at::Tensor& out, at::Tensor& in, const char* what) {
   std::vector<int64_t> none;
   bytesSent_ += in.numel() / world_ * (world_ - 1);
-  wait(inner_->alltoall_base(out, in, none, none), "all-to-all of the reduce phase");
+  wait(inner_->alltoall_base(out, in, none, none), what);
 }
 
-void Transport::allGather(at::Tensor& out, at::Tensor& in) {
+void Transport::allGather(at::Tensor& out, at::Tensor& in, const char* what) {
   bytesSent_ += in.numel() * (world_ - 1);
-  wait(inner_->_allgather_base(out, in), "all-gather of the gather phase");
+  wait(inner_->_allgather_base(out, in), what);
 }
 
 c10::intrusive_ptr<c10d::Work> Transport::isend(at::Tensor& t, int peer, int tag) {
