@@ -23,5 +23,6 @@ export LD_PRELOAD="$ASAN_LIB:$UBSAN_LIB"
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:allocator_may_return_null=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export PYTHONPATH="$WORK"
+export QCOMM_UNDER_SANITIZER=1  # tests that read RSS skip that one check
 echo "[sanitize] running pytest under ASan+UBSan" >&2
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

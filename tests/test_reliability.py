@@ -356,8 +356,10 @@ def test_load_no_growth_no_drift():
     for problems, rss, stats in results:
         assert not problems, problems[:10]
         first, last = rss[iters // 10], rss[iters - 1]
-        # resident memory after warm-up must not grow: 16 MiB of slack for allocator noise
-        assert last - first < 16, f"RSS grew from {first:.1f} MiB to {last:.1f} MiB"
+        # resident memory after warm-up must not grow: 16 MiB of slack for allocator noise. Under
+        # AddressSanitizer freed memory sits in quarantine, so RSS says nothing there.
+        if not os.environ.get("QCOMM_UNDER_SANITIZER"):
+            assert last - first < 16, f"RSS grew from {first:.1f} MiB to {last:.1f} MiB"
         assert stats["quantized_calls"] > iters // 4
 
 
