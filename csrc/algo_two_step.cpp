@@ -15,7 +15,11 @@ namespace qcomm {
 void runTwoStep(const Plan& plan, Transport& t, void* data) {
   const int world = plan.world;
   const ChunkRange own = plan.chunk(t.rank());
-  std::vector<float> sum(size_t(std::max<int64_t>(own.len, 1)));
+  // fp32 messages sum in place in their own chunk (its input is already encoded); others need an
+  // fp32 buffer for the sum.
+  const bool inPlace = plan.dtype == kFloat32;
+  std::vector<float> scratch(inPlace ? 0 : size_t(std::max<int64_t>(own.len, 1)));
+  float* sum = inPlace ? static_cast<float*>(data) + own.begin : scratch.data();
   {
     // The reduce phase's buffers die before the gather phase allocates its own, which keeps the
     // peak extra memory near one encoded copy of the message plus one fp32 chunk.
@@ -31,10 +35,10 @@ void runTwoStep(const Plan& plan, Transport& t, void* data) {
     t.allToAll(recv, send, "all-to-all of the reduce phase");
     const uint8_t* recvBase = recv.data_ptr<uint8_t>();
     for (int r = 0; r < world; ++r) {
-      decodeBlock(recvBase + r * slot, own.len, plan.rs, sum.data(), /*accumulate=*/r > 0);
+      decodeBlock(recvBase + r * slot, own.len, plan.rs, sum, /*accumulate=*/r > 0);
     }
   }
-  gatherPhase(plan, t, sum.data(), data);
+  gatherPhase(plan, t, sum, data);
 }
 
 }  // namespace qcomm
