@@ -100,6 +100,7 @@ def _bad_input_worker(rank, world):
 
 def test_bad_input_and_exact_pass_through():
     for rank, out in enumerate(run_ranks(_bad_input_worker, 2)):
+        assert f"[qcomm rank {rank}/2]" in out["meta"], out["meta"]
         assert "meta" in out["meta"] and "[qcomm rank" in out["meta"], out["meta"]
         assert out["empty"] == 0
         assert out["sparse"] == [1.0, 1.0]
