@@ -37,6 +37,9 @@ def _torch_has_cuda() -> bool:
 # No fast-math and no floating-point contraction anywhere: the CPU loops and the CUDA kernels must
 # round identically (DESIGN invariant 3). -fopenmp lets at::parallel_for use torch's own libgomp.
 CXX_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-Wall"]
+# Extra flags for special builds, e.g. the sanitizers (scripts/sanitize.sh).
+EXTRA = os.environ.get("QCOMM_EXTRA_CFLAGS", "").split()
+CXX_FLAGS += EXTRA
 NVCC_FLAGS = ["-O3", "-std=c++17", "-fmad=false", "--prec-div=true", "--prec-sqrt=true"]
 
 sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
@@ -44,7 +47,7 @@ kwargs = dict(
     name="qcomm._C",
     sources=sources,
     include_dirs=[os.path.join(ROOT, "csrc")],
-    extra_link_args=["-fopenmp"],
+    extra_link_args=["-fopenmp"] + EXTRA,
 )
 
 if _want_cuda():

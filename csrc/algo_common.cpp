@@ -19,7 +19,7 @@ void gatherPhase(const Plan& plan, Transport& t, float* ownSum, void* data) {
   at::Tensor send = byteBuffer(slot);
   at::Tensor recv = byteBuffer(slot * world);
   encodeBlock(ownSum, kFloat32, own.len, plan.ag, send.data_ptr<uint8_t>());
-  t.allGather(recv, send);
+  t.allGather(recv, send, "all-gather of the gather phase");
   const uint8_t* base = recv.data_ptr<uint8_t>();
   std::vector<float> scratch;
   if (plan.dtype != kFloat32) scratch.resize(size_t(plan.chunkElems));

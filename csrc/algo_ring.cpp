@@ -62,9 +62,12 @@ void runRing(const Plan& plan, Transport& t, void* data) {
     if (sh.len > 0) sendUnit(0, k, elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len);
   }
 
-  // partial holds the chunk being reduced at this step, shard by shard; after the last step it is
-  // the full sum of this rank's own chunk.
-  std::vector<float> partial(size_t(std::max<int64_t>(plan.chunkElems, 1)));
+  // The partial sum of the chunk being reduced at this step, shard by shard; after the last step,
+  // the full sum of this rank's own chunk. fp32 messages keep it in place, in the chunk's own
+  // elements (each rank adds its input to a chunk once, so that input is not needed again), and
+  // decode with accumulation: x + decoded, bit for bit the decoded + x of the scratch path.
+  const bool inPlace = plan.dtype == kFloat32;
+  std::vector<float> partial(inPlace ? 0 : size_t(std::max<int64_t>(plan.chunkElems, 1)));
   for (int s = 0; s < steps; ++s) {
     const int c = recvChunk(s);
     const int64_t chunkBegin = plan.chunk(c).begin;
@@ -74,6 +77,12 @@ void runRing(const Plan& plan, Transport& t, void* data) {
       const int64_t u = unit(s, k);
       t.wait(recvs[u], "ring reduce-scatter step " + std::to_string(s) + " shard " +
                            std::to_string(k) + " (receive from rank " + std::to_string(prev) + ")");
+      if (inPlace) {
+        float* p = static_cast<float*>(data) + sh.begin;
+        decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, true);
+        if (s + 1 < steps) sendUnit(s + 1, k, p, kFloat32, sh.len);
+        continue;
+      }
       float* p = partial.data() + (sh.begin - chunkBegin);
       decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, false);
       addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, p);
@@ -83,7 +92,16 @@ void runRing(const Plan& plan, Transport& t, void* data) {
   for (size_t i = 0; i < sends.size(); ++i) {
     t.wait(sends[i], "ring reduce-scatter send to rank " + std::to_string(next));
   }
-  gatherPhase(plan, t, partial.data(), data);
+  // release the reduce phase's buffers (the Works hold their tensors too) before the gather phase
+  // allocates its own
+  recvs.clear();
+  sends.clear();
+  recvSlices.clear();
+  sendSlices.clear();
+  sendBuf = at::Tensor();
+  recvBuf = at::Tensor();
+  float* ownSum = inPlace ? static_cast<float*>(data) + plan.chunk(rank).begin : partial.data();
+  gatherPhase(plan, t, ownSum, data);
 }
 
 }  // namespace qcomm

@@ -90,8 +90,14 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
   }
 
   // One fp32 partial per direction; at the last step both hold halves of this rank's own chunk.
+  // fp32 messages keep partials in place in the chunk's own elements, decoding with accumulation
+  // (x + decoded equals decoded + x bit for bit; a rank adds its input to each chunk once, on one
+  // chain only). The owner then accumulates right, then left: (x + right) + left.
+  const bool inPlace = plan.dtype == kFloat32;
   std::vector<float> partial[2];
-  for (auto& p : partial) p.resize(size_t(std::max<int64_t>(plan.chunkElems, 1)));
+  if (!inPlace) {
+    for (auto& p : partial) p.resize(size_t(std::max<int64_t>(plan.chunkElems, 1)));
+  }
   for (int s = 0; s < rightSteps; ++s) {
     for (int k = 0; k < shards; ++k) {
       for (int d = 0; d < 2; ++d) {
@@ -104,9 +110,15 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
         t.wait(recvs[u], std::string("semi_ring ") + (d == 0 ? "right" : "left") + " step " +
                              std::to_string(ds) + " shard " + std::to_string(k) +
                              " (receive from rank " + std::to_string(dirs[d].recvPeer) + ")");
+        const bool owner = ds + 1 == dirs[d].steps;
+        if (inPlace) {
+          float* p = static_cast<float*>(data) + sh.begin;
+          decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, true);
+          if (!owner) sendUnit(d, ds + 1, k, p, kFloat32, sh.len);
+          continue;
+        }
         float* p = partial[d].data() + (sh.begin - plan.chunk(c).begin);
         decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, false);
-        const bool owner = ds + 1 == dirs[d].steps;
         if (owner) continue;  // both halves are combined below, in a fixed order
         addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, p);
         sendUnit(d, ds + 1, k, p, kFloat32, sh.len);
@@ -115,7 +127,19 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
   }
   for (auto& w : sends) t.wait(w, "semi_ring reduce-scatter send");
 
+  // release the reduce phase's buffers (the Works hold their tensors too) before the gather phase
+  // allocates its own
+  recvs.clear();
+  sends.clear();
+  recvSlices.clear();
+  sendSlices.clear();
+  sendBuf = at::Tensor();
+  recvBuf = at::Tensor();
   const ChunkRange own = plan.chunk(rank);
+  if (inPlace) {
+    gatherPhase(plan, t, static_cast<float*>(data) + own.begin, data);
+    return;
+  }
   float* sum = partial[0].data();
   addToFloat(elemPtr(data, plan.dtype, own.begin), plan.dtype, own.len, sum);
   if (leftSteps > 0) {

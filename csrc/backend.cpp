@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
+
 #include "algorithms.h"
 #include "transport.h"
 #include "work.h"
@@ -86,7 +88,10 @@ Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
   f.dtype = codecDtype(t);
   f.opSum = op.op_ == c10d::ReduceOp::SUM;
   f.opAvg = op.op_ == c10d::ReduceOp::AVG;
-  f.sparseOrComplex = t.is_sparse() || t.is_complex() || t.layout() != at::kStrided;
+  // torch.distributed.all_reduce hands complex tensors to backends as view_as_real(t): a real
+  // view whose base is complex. Those pass through too (DESIGN invariant 4).
+  const bool complexView = t.is_view() && t._base().is_complex();
+  f.sparseOrComplex = t.is_sparse() || t.is_complex() || complexView || t.layout() != at::kStrided;
   f.world = getSize();
   return makePlan(f, getConfig());
 }
@@ -115,6 +120,7 @@ void QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
   // Work on a contiguous buffer; a non-contiguous input gets the result copied back (in place).
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   Transport transport(gloo_.get(), getRank(), getSize(), timeout);
+  agreeOnPlan(plan, transport);
   void* data = buf.data_ptr();
   switch (plan.algorithm) {
     case kTwoStep:
@@ -133,6 +139,20 @@ void QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
   stats_.quantizedCalls++;
   stats_.inputBytes += tensor.numel() * tensor.element_size();
   stats_.wireBytes += transport.bytesSent();
+}
+
+void QncclBackend::agreeOnPlan(const Plan& plan, Transport& t) {
+  const PlanHeader mine = headerOf(plan);
+  at::Tensor send = at::empty({int64_t(sizeof(PlanHeader))}, at::kByte);
+  at::Tensor recv = at::empty({int64_t(sizeof(PlanHeader)) * getSize()}, at::kByte);
+  std::memcpy(send.data_ptr(), &mine, sizeof(PlanHeader));
+  t.allGather(recv, send, "exchange of the call's header (numel, dtype, op, config)");
+  std::vector<PlanHeader> all(static_cast<size_t>(getSize()));
+  std::memcpy(all.data(), recv.data_ptr(), sizeof(PlanHeader) * all.size());
+  const std::string mismatch = describeMismatch(all);
+  TORCH_CHECK(mismatch.empty(), prefix(), "allreduce: the ranks disagree on this call: ", mismatch,
+              ". Every rank must pass the same numel, dtype and op, and hold the same QuantConfig "
+              "(qcomm.set_config on every rank).");
 }
 
 // ---- pass-through ----
@@ -249,6 +269,8 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::barrier(const c10d::BarrierOptions&
 }
 
 void QncclBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  TORCH_CHECK(!shutDown_, prefix(), "monitored_barrier: the process group has been shut down");
+  stats_.passthroughCalls++;
   gloo_->monitoredBarrier(opts, waitAllRanks);
 }
 

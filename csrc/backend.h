@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "plan.h"
+#include "transport.h"
 
 namespace qcomm {
 
@@ -107,6 +108,8 @@ class QncclBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> passThroughAllreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts);
   void runQuantizedCpu(const Plan& plan, at::Tensor& tensor, std::chrono::milliseconds timeout);
+  // Exchange the plan's header; throws on every rank, naming the difference, if ranks disagree.
+  void agreeOnPlan(const Plan& plan, Transport& t);
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Backend> gloo_;

@@ -201,8 +201,10 @@ QCOMM_HD GroupParams groupParams(const T* x, int n, int bits, bool symmetric) {
       hi = v > hi ? v : hi;
     }
     const float levels = levelsAsym(bits);
-    p.scale = hi / levels - lo / levels;
-    p.mid = lo * 0.5f + hi * 0.5f;
+    // "+ 0.0f" turns -0 into +0: which of -0 and +0 a min/max returns depends on the order it saw
+    // them in, and the wire bytes must not (a CUDA reduction tree sees another order).
+    p.scale = (hi / levels - lo / levels) + 0.0f;
+    p.mid = (lo * 0.5f + hi * 0.5f) + 0.0f;
   }
   if (bad != bad) {
     p.scale = bitsFloat(0x7fc00000u);

@@ -55,4 +55,45 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg) {
   return p;
 }
 
+namespace {
+constexpr int64_t kHeaderMagic = 0x71636f6d6d31;  // "qcomm1"
+const char* const kHeaderNames[PlanHeader::kFields] = {
+    "header",  "numel",   "dtype",      "op",        "algorithm",
+    "rs_bits", "ag_bits", "group_size", "symmetric", "microshards"};
+
+std::string fieldValue(int field, int64_t v) {
+  switch (field) {
+    case 2:
+      return v == kFloat32 ? "float32" : v == kFloat16 ? "float16" : "bfloat16";
+    case 3:
+      return v ? "AVG" : "SUM";
+    case 4:
+      return algoName(int32_t(v));
+    case 5:
+    case 6:
+      return v == 0 ? "none" : std::to_string(v);
+    default:
+      return std::to_string(v);
+  }
+}
+}  // namespace
+
+PlanHeader headerOf(const Plan& p) {
+  return PlanHeader{{kHeaderMagic, p.numel, p.dtype, p.average ? 1 : 0, p.algorithm, p.rs.bits,
+                     p.ag.bits, p.rs.groupSize, p.rs.symmetric, p.microshards}};
+}
+
+std::string describeMismatch(const std::vector<PlanHeader>& headers) {
+  for (int f = 0; f < PlanHeader::kFields; ++f) {
+    for (size_t r = 1; r < headers.size(); ++r) {
+      const int64_t a = headers[0].field[f], b = headers[r].field[f];
+      if (a == b) continue;
+      if (f == 0) return "rank " + std::to_string(r) + " is not in a quantized allreduce";
+      return std::string(kHeaderNames[f]) + " is " + fieldValue(f, a) + " on rank 0 but " +
+             fieldValue(f, b) + " on rank " + std::to_string(r);
+    }
+  }
+  return "";
+}
+
 }  // namespace qcomm

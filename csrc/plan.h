@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "codec.h"
 #include "config.h"
@@ -48,5 +49,19 @@ struct CallFacts {
 };
 
 Plan makePlan(const CallFacts& f, const QuantConfig& cfg);
+
+// What every rank must agree on before a quantized allreduce moves data: the facts its plan was
+// made from. Ranks exchange these few bytes first, so a mismatch (a different numel, dtype, op or
+// config on some rank) becomes a clear error on every rank instead of a hang or wrong numbers.
+struct PlanHeader {
+  static constexpr int kFields = 10;
+  int64_t field[kFields];
+};
+
+PlanHeader headerOf(const Plan& p);
+
+// Empty when all headers agree; otherwise a sentence naming the first field that differs and the
+// ranks and values involved.
+std::string describeMismatch(const std::vector<PlanHeader>& headers);
 
 }  // namespace qcomm

@@ -20,22 +20,31 @@ Transport::Transport(c10d::Backend* inner, int rank, int world, std::chrono::mil
 }
 
 void Transport::wait(const c10::intrusive_ptr<c10d::Work>& w, const std::string& what) {
+  // One sentence for the user: the step, the cause without a C++ backtrace, and the bound that
+  // applied. A peer that died shows up as a reset connection at once; one that stopped, as a
+  // time-out after timeoutMs.
+  std::string cause;
   try {
     w->wait(timeout_);
+    return;
+  } catch (const c10::Error& e) {
+    cause = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, rankPrefix(rank_, world_), "allreduce: ", what, " failed: ", e.what());
+    cause = e.what();
   }
+  TORCH_CHECK(false, rankPrefix(rank_, world_), "allreduce: ", what, " failed (timeout ",
+              timeout_.count(), " ms; a peer may have died or stopped): ", cause);
 }
 
-void Transport::allToAll(at::Tensor& out, at::Tensor& in) {
+void Transport::allToAll(at::Tensor& out, at::Tensor& in, const char* what) {
   std::vector<int64_t> none;
   bytesSent_ += in.numel() / world_ * (world_ - 1);
-  wait(inner_->alltoall_base(out, in, none, none), "all-to-all of the reduce phase");
+  wait(inner_->alltoall_base(out, in, none, none), what);
 }
 
-void Transport::allGather(at::Tensor& out, at::Tensor& in) {
+void Transport::allGather(at::Tensor& out, at::Tensor& in, const char* what) {
   bytesSent_ += in.numel() * (world_ - 1);
-  wait(inner_->_allgather_base(out, in), "all-gather of the gather phase");
+  wait(inner_->_allgather_base(out, in), what);
 }
 
 c10::intrusive_ptr<c10d::Work> Transport::isend(at::Tensor& t, int peer, int tag) {

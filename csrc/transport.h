@@ -17,9 +17,10 @@ class Transport {
   int world() const { return world_; }
 
   // Rank j receives slot j of every rank's `in` (W equal slots) into slot i of `out` for rank i.
-  void allToAll(at::Tensor& out, at::Tensor& in);
+  // `what` names the step in errors.
+  void allToAll(at::Tensor& out, at::Tensor& in, const char* what);
   // Every rank receives every rank's `in` into slot i of `out`.
-  void allGather(at::Tensor& out, at::Tensor& in);
+  void allGather(at::Tensor& out, at::Tensor& in, const char* what);
   // Point-to-point; tags are offset into a range user code does not use.
   c10::intrusive_ptr<c10d::Work> isend(at::Tensor& t, int peer, int tag);
   c10::intrusive_ptr<c10d::Work> irecv(at::Tensor& t, int peer, int tag);

@@ -76,8 +76,9 @@ def group_params(x32: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tenso
         lo = xg.amin(dim=1)
         hi = xg.amax(dim=1)
         L = torch.tensor(c.levels, dtype=F32)
-        scale = hi / L - lo / L
-        mid = lo * 0.5 + hi * 0.5
+        # + 0.0 turns -0 into +0, so the sign of a zero never depends on reduction order
+        scale = (hi / L - lo / L) + 0.0
+        mid = (lo * 0.5 + hi * 0.5) + 0.0
     scale = torch.where(bad, torch.full_like(scale, float("nan")), scale)
     mid = torch.where(bad, torch.zeros_like(mid), mid)
     return scale, mid

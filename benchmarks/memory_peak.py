@@ -1,0 +1,105 @@
+"""Peak extra memory of a quantized allreduce, as a multiple of the input, for large messages.
+
+Each rank allocates and touches its input, records its resident set, runs one allreduce per
+algorithm, and reports the growth of its peak resident set (ru_maxrss) over that baseline, plus
+the result's relative error against the exact sum and whether every rank holds the same bits.
+
+    .venv/bin/python benchmarks/memory_peak.py --size 1G --world 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import qcomm  # noqa: E402
+
+from dist_util import run_ranks  # noqa: E402
+
+
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    """Reset VmHWM (the peak resident set) to the current resident set (Linux 4.0+)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _worker(rank, world, numel, algos, bits):
+    torch.set_num_threads(1)
+    gloo = dist.new_group(backend="gloo")
+    rows = []
+    for algo in algos:
+        qcomm.set_config(
+            qcomm.QuantConfig(algorithm=algo, rs_bits=bits[0], ag_bits=bits[1], min_bytes=0)
+        )
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+        exact = x.clone()
+        dist.all_reduce(exact, group=gloo)  # fp32 Gloo sum as the reference
+        _reset_peak()
+        base = _status_mib("VmRSS")
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        seconds = time.perf_counter() - t0
+        extra = max(0.0, _status_mib("VmHWM") - base)
+        rel = float((x - exact).norm() / exact.norm())
+        digest = hashlib.sha1(x.numpy().tobytes()).hexdigest()
+        digests = [None] * world
+        dist.all_gather_object(digests, digest, group=gloo)
+        rows.append((algo, extra, seconds, rel, len(set(digests)) == 1))
+        del x, exact
+    return rows
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().rstrip("B")
+    return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--size", default="1G", help="message bytes per rank (fp32), e.g. 256M, 1G")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--algorithms", default="two_step,ring,semi_ring")
+    ap.add_argument("--bits", default="8/8")
+    args = ap.parse_args()
+    numel = _size(args.size) // 4
+    bits = tuple(None if b == "none" else int(b) for b in args.bits.split("/"))
+    algos = args.algorithms.split(",")
+    print(f"# {args.world} ranks, {numel * 4 / 2**20:.0f} MiB fp32 per rank, bits {args.bits}")
+    results = run_ranks(_worker, args.world, numel, algos, bits, timeout=3600)
+    input_mib = numel * 4 / 2**20
+    print("algorithm  peak_extra_MiB(max over ranks)  x_input  seconds  rel_err   identical")
+    ok = True
+    for i, algo in enumerate(algos):
+        extra = max(r[i][1] for r in results)
+        secs = max(r[i][2] for r in results)
+        rel = results[0][i][3]
+        same = all(r[i][4] for r in results)
+        ok &= same
+        print(
+            f"{algo:<10} {extra:>30.0f}  {extra / input_mib:>7.2f}  {secs:>7.2f}  {rel:.2e}  "
+            f"{'yes' if same else 'NO'}"
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
