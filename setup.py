@@ -36,7 +36,7 @@ def _torch_has_cuda() -> bool:
 
 # No fast-math and no floating-point contraction anywhere: the CPU loops and the CUDA kernels must
 # round identically (DESIGN invariant 3). -fopenmp lets at::parallel_for use torch's own libgomp.
-CXX_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-Wall"]
+CXX_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-fopenmp", "-Wall"]
 # Extra flags for special builds, e.g. the sanitizers (scripts/sanitize.sh).
 EXTRA = os.environ.get("QCOMM_EXTRA_CFLAGS", "").split()
 CXX_FLAGS += EXTRA

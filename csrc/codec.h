@@ -174,39 +174,70 @@ struct GroupParams {
   float mid;  // asymmetric only
 };
 
-// Parameters of the group x[0..n). NaN and Inf are caught by `bad`: x * 0 is 0 for finite x and
-// NaN otherwise, and a NaN stays NaN through the sum. min, max and this sum of zeros give the same
-// answer in any order, so a CUDA kernel may reduce them in any tree and still match the CPU.
+// Parameters of the group x[0..n). A NaN or an Inf fails `a <= FLT_MAX` and marks the group bad.
+// min, max and this flag give the same answer in any order, so the loops keep kLanes independent
+// accumulators (which lets the compiler vectorize them) and a CUDA kernel may reduce in any tree;
+// the only order-dependent bit, the sign of a zero min or max, is normalised below.
 template <class T>
 QCOMM_HD GroupParams groupParams(const T* x, int n, int bits, bool symmetric) {
+  constexpr int kLanes = 8;
+  const float kMax = 3.40282346638528859811704183484516925e+38f;
   GroupParams p;
-  float bad = 0.0f;
+  int bad = 0;
   if (symmetric) {
-    float amax = 0.0f;
-    for (int i = 0; i < n; ++i) {
-      const float v = toFloat(x[i]);
-      const float a = v < 0.0f ? -v : v;
-      bad += v * 0.0f;
-      amax = a > amax ? a : amax;
+    float amax[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        const float v = toFloat(x[i + j]);
+        const float a = bitsFloat(floatBits(v) & 0x7fffffffu);
+        bad |= !(a <= kMax);
+        amax[j] = a > amax[j] ? a : amax[j];
+      }
     }
-    p.scale = amax / qmaxSym(bits);
+    for (; i < n; ++i) {
+      const float v = toFloat(x[i]);
+      const float a = bitsFloat(floatBits(v) & 0x7fffffffu);
+      bad |= !(a <= kMax);
+      amax[0] = a > amax[0] ? a : amax[0];
+    }
+    float m = amax[0];
+    for (int j = 1; j < kLanes; ++j) m = amax[j] > m ? amax[j] : m;
+    p.scale = (m / qmaxSym(bits)) + 0.0f;
     p.mid = 0.0f;
   } else {
-    float lo = toFloat(x[0]);
-    float hi = lo;
-    for (int i = 0; i < n; ++i) {
+    const float first = toFloat(x[0]);
+    float lo[kLanes], hi[kLanes];
+    for (int j = 0; j < kLanes; ++j) lo[j] = hi[j] = first;
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        const float v = toFloat(x[i + j]);
+        const float a = bitsFloat(floatBits(v) & 0x7fffffffu);
+        bad |= !(a <= kMax);
+        lo[j] = v < lo[j] ? v : lo[j];
+        hi[j] = v > hi[j] ? v : hi[j];
+      }
+    }
+    for (; i < n; ++i) {
       const float v = toFloat(x[i]);
-      bad += v * 0.0f;
-      lo = v < lo ? v : lo;
-      hi = v > hi ? v : hi;
+      const float a = bitsFloat(floatBits(v) & 0x7fffffffu);
+      bad |= !(a <= kMax);
+      lo[0] = v < lo[0] ? v : lo[0];
+      hi[0] = v > hi[0] ? v : hi[0];
+    }
+    float l = lo[0], h = hi[0];
+    for (int j = 1; j < kLanes; ++j) {
+      l = lo[j] < l ? lo[j] : l;
+      h = hi[j] > h ? hi[j] : h;
     }
     const float levels = levelsAsym(bits);
     // "+ 0.0f" turns -0 into +0: which of -0 and +0 a min/max returns depends on the order it saw
-    // them in, and the wire bytes must not (a CUDA reduction tree sees another order).
-    p.scale = (hi / levels - lo / levels) + 0.0f;
-    p.mid = (lo * 0.5f + hi * 0.5f) + 0.0f;
+    // them in, and the wire bytes must not.
+    p.scale = (h / levels - l / levels) + 0.0f;
+    p.mid = (l * 0.5f + h * 0.5f) + 0.0f;
   }
-  if (bad != bad) {
+  if (bad) {
     p.scale = bitsFloat(0x7fc00000u);
     p.mid = 0.0f;
   }
@@ -215,21 +246,33 @@ QCOMM_HD GroupParams groupParams(const T* x, int n, int bits, bool symmetric) {
 
 QCOMM_HD bool paramsFinite(const GroupParams& p) { return p.scale == p.scale; }
 
-// Quantize one finite value with finite group parameters. Returns the code as stored (for
-// symmetric codes the two's complement bit pattern, masked to `kBits`).
+// Quantize one finite value with finite, nonzero group parameters: the branch-free inner loop of
+// encoding. Returns the code as stored (symmetric codes as two's complement, masked to kBits).
 template <int kBits, bool kSym>
-QCOMM_HD uint32_t quantizeOne(float v, const GroupParams& p) {
+QCOMM_HD uint32_t quantizeScaled(float v, const GroupParams& p) {
   if (kSym) {
     const float qmax = qmaxSym(kBits);
-    float t = p.scale != 0.0f ? v / p.scale : 0.0f;
+    float t = v / p.scale;
     t = t < -qmax ? -qmax : (t > qmax ? qmax : t);
-    const int q = int(roundHalfEven(t));
-    return uint32_t(q) & (kBits == 8 ? 0xffu : 0xfu);
+    return uint32_t(int(roundHalfEven(t))) & (kBits == 8 ? 0xffu : 0xfu);
   }
   const float levels = levelsAsym(kBits);
-  float t = (p.scale != 0.0f ? (v - p.mid) / p.scale : 0.0f) + levels * 0.5f;
+  float t = (v - p.mid) / p.scale + levels * 0.5f;
   t = t < 0.0f ? 0.0f : (t > levels ? levels : t);
   return uint32_t(int(roundHalfEven(t)));
+}
+
+// The code of every element of a group whose scale is 0 (all elements equal): 0, or L/2 rounded
+// to even (128 or 8), both of which decode to exactly mid.
+template <int kBits, bool kSym>
+QCOMM_HD uint32_t zeroScaleCode() {
+  return kSym ? 0u : uint32_t(roundHalfEven(levelsAsym(kBits) * 0.5f));
+}
+
+// Quantize one finite value with finite group parameters.
+template <int kBits, bool kSym>
+QCOMM_HD uint32_t quantizeOne(float v, const GroupParams& p) {
+  return p.scale != 0.0f ? quantizeScaled<kBits, kSym>(v, p) : zeroScaleCode<kBits, kSym>();
 }
 
 // Keep a decoded value of a finite group finite: the rounded scale can put qmax * scale a hair
@@ -271,7 +314,9 @@ QCOMM_HD int groupLength(int64_t n, const CodecSpec& c, int64_t g) {
   return int(rest < c.groupSize ? rest : c.groupSize);
 }
 
-// Encode group g of the block x[0..n) into `block` (an encoded block of n elements).
+// Encode group g of the block x[0..n) into `block` (an encoded block of n elements). The three
+// cases (non-finite, constant, general) are decided once per group so that the general loop is
+// branch-free and vectorizes.
 template <int kBits, bool kSym, class T>
 QCOMM_HD void encodeGroupT(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block) {
   const int64_t begin = g * c.groupSize;
@@ -279,24 +324,32 @@ QCOMM_HD void encodeGroupT(const T* x, int64_t n, const CodecSpec& c, int64_t g,
   const GroupParams p = groupParams(x + begin, len, kBits, kSym);
   storeParams(block, n, c, g, p);
   uint8_t* data = block + dataOffset(n, c);
-  const bool finite = paramsFinite(p);
+  const T* in = x + begin;
   if (kBits == 8) {
-    for (int i = 0; i < len; ++i) {
-      data[begin + i] = finite ? uint8_t(quantizeOne<8, kSym>(toFloat(x[begin + i]), p)) : 0;
+    uint8_t* out = data + begin;
+    if (!paramsFinite(p) || p.scale == 0.0f) {
+      const uint8_t code = paramsFinite(p) ? uint8_t(zeroScaleCode<8, kSym>()) : 0;
+      for (int i = 0; i < len; ++i) out[i] = code;
+      return;
     }
-  } else {
-    // groupSize is even, so a group starts on a byte boundary; an odd tail leaves the high nibble 0
-    uint8_t* out = data + begin / 2;
-    const int pairs = len / 2;
-    for (int i = 0; i < pairs; ++i) {
-      const uint32_t lo = quantizeOne<4, kSym>(toFloat(x[begin + 2 * i]), p);
-      const uint32_t hi = quantizeOne<4, kSym>(toFloat(x[begin + 2 * i + 1]), p);
-      out[i] = finite ? uint8_t(lo | (hi << 4)) : 0;
-    }
-    if (len & 1) {
-      out[pairs] = finite ? uint8_t(quantizeOne<4, kSym>(toFloat(x[begin + len - 1]), p)) : 0;
-    }
+    for (int i = 0; i < len; ++i) out[i] = uint8_t(quantizeScaled<8, kSym>(toFloat(in[i]), p));
+    return;
   }
+  // groupSize is even, so a group starts on a byte boundary; an odd tail leaves the high nibble 0
+  uint8_t* out = data + begin / 2;
+  const int pairs = len / 2;
+  if (!paramsFinite(p) || p.scale == 0.0f) {
+    const uint32_t code = paramsFinite(p) ? zeroScaleCode<4, kSym>() : 0u;
+    for (int i = 0; i < pairs; ++i) out[i] = uint8_t(code | (code << 4));
+    if (len & 1) out[pairs] = uint8_t(code);
+    return;
+  }
+  for (int i = 0; i < pairs; ++i) {
+    const uint32_t lo = quantizeScaled<4, kSym>(toFloat(in[2 * i]), p);
+    const uint32_t hi = quantizeScaled<4, kSym>(toFloat(in[2 * i + 1]), p);
+    out[i] = uint8_t(lo | (hi << 4));
+  }
+  if (len & 1) out[pairs] = uint8_t(quantizeScaled<4, kSym>(toFloat(in[len - 1]), p));
 }
 
 // Decode group g of an encoded block of n elements; out[i] for i in the group receives x^ (or,
@@ -308,11 +361,26 @@ QCOMM_HD void decodeGroupT(const uint8_t* block, int64_t n, const CodecSpec& c, 
   const int len = groupLength(n, c, g);
   const GroupParams p = loadParams(block, n, c, g);
   const uint8_t* data = block + dataOffset(n, c);
-  for (int i = 0; i < len; ++i) {
-    const int64_t e = begin + i;
-    const uint32_t code = kBits == 8 ? data[e] : (uint32_t(data[e >> 1]) >> ((e & 1) * 4)) & 0xfu;
-    const float v = dequantizeOne<kBits, kSym>(code, p);
-    out[e] = kAccumulate ? out[e] + v : v;
+  float* o = out + begin;
+  if (kBits == 8) {
+    const uint8_t* in = data + begin;
+    for (int i = 0; i < len; ++i) {
+      const float v = dequantizeOne<8, kSym>(in[i], p);
+      o[i] = kAccumulate ? o[i] + v : v;
+    }
+    return;
+  }
+  const uint8_t* in = data + begin / 2;
+  const int pairs = len / 2;
+  for (int i = 0; i < pairs; ++i) {
+    const float lo = dequantizeOne<4, kSym>(in[i] & 0xfu, p);
+    const float hi = dequantizeOne<4, kSym>(uint32_t(in[i]) >> 4, p);
+    o[2 * i] = kAccumulate ? o[2 * i] + lo : lo;
+    o[2 * i + 1] = kAccumulate ? o[2 * i + 1] + hi : hi;
+  }
+  if (len & 1) {
+    const float v = dequantizeOne<4, kSym>(in[pairs] & 0xfu, p);
+    o[len - 1] = kAccumulate ? o[len - 1] + v : v;
   }
 }
 
