@@ -1,10 +1,18 @@
 // two_step (Flash Communication): two quantization round trips whatever the world size.
 //
-// Schedule, W ranks, one chunk per rank (chunk c is owned by rank c):
-//   1. every rank encodes each of its W chunks with the reduce codec into W equal slots;
-//   2. all-to-all: rank c receives slot c from every rank;
-//   3. rank c decodes the W copies of chunk c to fp32 and sums them in rank order 0..W-1;
-//   4. gather phase (algo_common.cpp): encode the sum, all-gather, everyone decodes every chunk.
+// Terms: W ranks, one chunk per rank (chunk c is owned by rank c), each chunk cut into M shards of
+// whole groups. A unit is one shard of one chunk.
+//   1. reduce phase: every rank encodes each unit of every chunk with the reduce codec and sends
+//      unit (c, k) to rank c (peers in rotated order r+1, r+2, ..., so that not every rank sends
+//      to rank 0 first); its own units stay local;
+//   2. rank c, shard by shard, decodes the W copies of (c, k) to fp32 and sums them in rank order
+//      0..W-1 (AVG divides by W), encodes the sum with the gather codec, sends it to every peer,
+//      and decodes its own chunk from those same bytes (DESIGN invariant 1);
+//   3. gather phase: every rank decodes each received unit into place.
+// All receives are posted up front and every unit is sent as soon as it is encoded, so transfers
+// overlap the codec: the first sums start while later units are still on the wire, and the
+// gather phase's units leave while later sums are computed. Shards are whole groups, so the
+// result does not depend on M.
 #include <ATen/ATen.h>
 
 #include "algorithms.h"
@@ -14,31 +22,107 @@ namespace qcomm {
 
 void runTwoStep(const Plan& plan, Transport& t, void* data) {
   const int world = plan.world;
-  const ChunkRange own = plan.chunk(t.rank());
-  // fp32 messages sum in place in their own chunk (its input is already encoded); others need an
-  // fp32 buffer for the sum.
-  const bool inPlace = plan.dtype == kFloat32;
-  std::vector<float> scratch(inPlace ? 0 : size_t(std::max<int64_t>(own.len, 1)));
-  float* sum = inPlace ? static_cast<float*>(data) + own.begin : scratch.data();
-  {
-    // The reduce phase's buffers die before the gather phase allocates its own, which keeps the
-    // peak extra memory near one encoded copy of the message plus one fp32 chunk.
-    const int64_t slot = alignUp16(encodedBytes(plan.chunkElems, plan.rs));
-    at::Tensor send = byteBuffer(slot * world);
-    at::Tensor recv = byteBuffer(slot * world);
-    uint8_t* sendBase = send.data_ptr<uint8_t>();
-    for (int c = 0; c < world; ++c) {
-      const ChunkRange ch = plan.chunk(c);
-      encodeBlock(elemPtr(data, plan.dtype, ch.begin), plan.dtype, ch.len, plan.rs,
-                  sendBase + c * slot);
-    }
-    t.allToAll(recv, send, "all-to-all of the reduce phase");
-    const uint8_t* recvBase = recv.data_ptr<uint8_t>();
-    for (int r = 0; r < world; ++r) {
-      decodeBlock(recvBase + r * slot, own.len, plan.rs, sum, /*accumulate=*/r > 0);
+  const int rank = t.rank();
+  const int shards = plan.microshards;
+  const int64_t rsUnit = alignUp16(encodedBytes(plan.shardElems, plan.rs));
+  const int64_t agUnit = alignUp16(encodedBytes(plan.shardElems, plan.ag));
+  // Per-pair tags: reduce-phase unit k uses tag k, gather-phase unit k uses tag shards + k.
+  auto unit = [&](int who, int k) { return int64_t(who) * shards + k; };
+
+  // rsSend[c][k]: this rank's encoded (c, k); rsRecv[j][k]: rank j's encoded (rank, k).
+  at::Tensor rsSend = byteBuffer(rsUnit * world * shards);
+  at::Tensor rsRecv = byteBuffer(rsUnit * world * shards);
+  // agSend[k]: this rank's encoded sum of (rank, k); agRecv[j][k]: rank j's encoded (j, k).
+  at::Tensor agSend = byteBuffer(agUnit * shards);
+  at::Tensor agRecv = byteBuffer(agUnit * world * shards);
+  uint8_t* rsSendBase = rsSend.data_ptr<uint8_t>();
+  uint8_t* rsRecvBase = rsRecv.data_ptr<uint8_t>();
+  uint8_t* agSendBase = agSend.data_ptr<uint8_t>();
+  uint8_t* agRecvBase = agRecv.data_ptr<uint8_t>();
+  std::vector<c10::intrusive_ptr<c10d::Work>> rsRecvs(size_t(world * shards));
+  std::vector<c10::intrusive_ptr<c10d::Work>> agRecvs(size_t(world * shards));
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  std::vector<at::Tensor> inFlight;  // slices referenced by pending works
+
+  auto recvInto = [&](at::Tensor& buf, int64_t offset, int64_t bytes, int peer, int tag) {
+    at::Tensor slice = buf.narrow(0, offset, bytes);
+    inFlight.push_back(slice);
+    return t.irecv(slice, peer, tag);
+  };
+  auto sendFrom = [&](at::Tensor& buf, int64_t offset, int64_t bytes, int peer, int tag) {
+    at::Tensor slice = buf.narrow(0, offset, bytes);
+    inFlight.push_back(slice);
+    sends.push_back(t.isend(slice, peer, tag));
+  };
+
+  for (int k = 0; k < shards; ++k) {
+    const ChunkRange mine = plan.shard(rank, k);
+    for (int off = 1; off < world; ++off) {
+      const int j = (rank + off) % world;
+      if (mine.len > 0) {
+        rsRecvs[unit(j, k)] =
+            recvInto(rsRecv, unit(j, k) * rsUnit, encodedBytes(mine.len, plan.rs), j, k);
+      }
+      const ChunkRange theirs = plan.shard(j, k);
+      if (theirs.len > 0) {
+        agRecvs[unit(j, k)] =
+            recvInto(agRecv, unit(j, k) * agUnit, encodedBytes(theirs.len, plan.ag), j, shards + k);
+      }
     }
   }
-  gatherPhase(plan, t, sum, data);
+
+  // 1. encode and send, unit by unit
+  for (int k = 0; k < shards; ++k) {
+    for (int off = 0; off < world; ++off) {
+      const int c = (rank + off) % world;
+      const ChunkRange sh = plan.shard(c, k);
+      if (sh.len == 0) continue;
+      encodeBlock(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, plan.rs,
+                  rsSendBase + unit(c, k) * rsUnit);
+      if (c != rank) sendFrom(rsSend, unit(c, k) * rsUnit, encodedBytes(sh.len, plan.rs), c, k);
+    }
+  }
+
+  // 2. sum this rank's chunk shard by shard; fp32 messages sum in place (the input of that shard
+  //    is already encoded), others in an fp32 scratch
+  const bool inPlace = plan.dtype == kFloat32;
+  std::vector<float> sumScratch(inPlace ? 0 : size_t(std::max<int64_t>(plan.shardElems, 1)));
+  std::vector<float> decodeScratch;
+  for (int k = 0; k < shards; ++k) {
+    const ChunkRange sh = plan.shard(rank, k);
+    if (sh.len == 0) continue;
+    float* sum = inPlace ? static_cast<float*>(data) + sh.begin : sumScratch.data();
+    for (int j = 0; j < world; ++j) {
+      const uint8_t* src = rsSendBase + unit(rank, k) * rsUnit;
+      if (j != rank) {
+        t.wait(rsRecvs[unit(j, k)], "two_step reduce phase, shard " + std::to_string(k) +
+                                        " from rank " + std::to_string(j));
+        src = rsRecvBase + unit(j, k) * rsUnit;
+      }
+      decodeBlock(src, sh.len, plan.rs, sum, /*accumulate=*/j > 0);
+    }
+    divideByWorld(plan, sum, sh.len);
+    uint8_t* enc = agSendBase + int64_t(k) * agUnit;
+    encodeBlock(sum, kFloat32, sh.len, plan.ag, enc);
+    for (int off = 1; off < world; ++off) {
+      sendFrom(agSend, int64_t(k) * agUnit, encodedBytes(sh.len, plan.ag), (rank + off) % world,
+               shards + k);
+    }
+    decodeToOutput(plan, enc, sh, data, decodeScratch);
+  }
+
+  // 3. decode every other chunk as its units arrive
+  for (int k = 0; k < shards; ++k) {
+    for (int off = 1; off < world; ++off) {
+      const int j = (rank + off) % world;
+      const ChunkRange sh = plan.shard(j, k);
+      if (sh.len == 0) continue;
+      t.wait(agRecvs[unit(j, k)], "two_step gather phase, shard " + std::to_string(k) +
+                                      " from rank " + std::to_string(j));
+      decodeToOutput(plan, agRecvBase + unit(j, k) * agUnit, sh, data, decodeScratch);
+    }
+  }
+  for (auto& w : sends) t.wait(w, "two_step send");
 }
 
 }  // namespace qcomm

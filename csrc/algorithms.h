@@ -2,6 +2,8 @@
 // transfers. Each works in place on `data` (numel elements of plan.dtype, contiguous).
 #pragma once
 
+#include <vector>
+
 #include "plan.h"
 #include "transport.h"
 
@@ -16,6 +18,13 @@ void runSemiRing(const Plan& plan, Transport& t, void* data);
 // owner decodes its own chunk from the bytes it sent, never from its private fp32 sum, so every
 // rank ends with the same bits (DESIGN invariant 1).
 void gatherPhase(const Plan& plan, Transport& t, float* ownSum, void* data);
+
+// Decode gather-phase bytes of `range` into data (in plan.dtype; fp16/bf16 through `scratch`).
+void decodeToOutput(const Plan& plan, const uint8_t* bytes, ChunkRange range, void* data,
+                    std::vector<float>& scratch);
+
+// For AVG: sum[i] / world, in fp32 (a no-op for SUM).
+void divideByWorld(const Plan& plan, float* sum, int64_t len);
 
 // Pointer to element `offset` of a buffer of plan.dtype.
 inline void* elemPtr(void* data, int32_t dtype, int64_t offset) {

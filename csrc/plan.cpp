@@ -50,7 +50,7 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg) {
   p.ag = CodecSpec{cfg.agBits, cfg.groupSize, cfg.symmetric ? 1 : 0, f.dtype};
   const int64_t g = cfg.groupSize;
   p.chunkElems = ceilDiv(ceilDiv(f.numel, g), f.world) * g;
-  p.microshards = p.algorithm == kTwoStep ? 1 : std::max(1, cfg.microshards);
+  p.microshards = std::max(1, cfg.microshards);
   p.shardElems = ceilDiv(ceilDiv(p.chunkElems, g), p.microshards) * g;
   return p;
 }
