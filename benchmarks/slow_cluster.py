@@ -1,0 +1,267 @@
+"""A bandwidth-limited CPU cluster on one machine: N ranks, each in its own network namespace.
+
+Topology: namespaces qcomm-r0 .. qcomm-r{N-1} and a switch namespace qcomm-sw holding a bridge.
+Each rank reaches the bridge through a veth pair; a `tc tbf` rate limit on both ends of each pair
+limits the rank's upload and download to --rate (optional --delay adds netem latency). Addresses
+10.77.0.1.. live only inside these namespaces. Gloo is bound to each rank's veth
+(GLOO_SOCKET_IFNAME). Everything is removed at the end, also on failure or Ctrl-C.
+
+Each rank runs, for each --size: Gloo's exact allreduce in fp32 and in bf16, then the quantized
+allreduce for each --algorithms x --bits, every one --iters times (median, and min/max for spread).
+Rank 0 prints a table with ratios measured side by side in this one run, and writes --csv.
+
+Needs root (ip netns, tc). Example, the setting of issue 4:
+    sudo .venv/bin/python benchmarks/slow_cluster.py --world 2 --rate 1gbit --sizes 64M
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREFIX = "qcomm"
+SUBNET = "10.77.0"
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def ns_names(world: int):
+    return [f"{PREFIX}-r{i}" for i in range(world)], f"{PREFIX}-sw"
+
+
+def teardown(world: int) -> None:
+    ranks, sw = ns_names(max(world, 8))
+    for ns in ranks + [sw]:
+        sh("ip", "netns", "del", ns, check=False)  # deleting a namespace removes its veths
+
+
+def setup(world: int, rate: str, delay: str | None) -> None:
+    ranks, sw = ns_names(world)
+    sh("ip", "netns", "add", sw)
+    sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
+    sh("ip", "-n", sw, "link", "set", "br0", "up")
+    sh("ip", "-n", sw, "link", "set", "lo", "up")
+    for i, ns in enumerate(ranks):
+        sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        # create the pair inside the rank's namespace, then move the switch end
+        sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}")
+        sh("ip", "-n", ns, "link", "set", f"p{i}", "netns", sw)
+        sh("ip", "-n", ns, "addr", "add", f"{SUBNET}.{i + 1}/24", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", sw, "link", "set", f"p{i}", "master", "br0")
+        sh("ip", "-n", sw, "link", "set", f"p{i}", "up")
+        for where, dev in ((ns, "eth0"), (sw, f"p{i}")):
+            # tbf: rate with a burst of a few ms of traffic, latency bounds the queue
+            args = ["tc", "-n", where, "qdisc", "add", "dev", dev, "root"]
+            if delay:
+                sh(*args, "handle", "1:", "netem", "delay", delay)
+                args = ["tc", "-n", where, "qdisc", "add", "dev", dev, "parent", "1:1"]
+            sh(*args, "tbf", "rate", rate, "burst", "256kb", "latency", "50ms")
+
+
+# ---- the per-rank worker (runs inside a namespace) ----
+
+
+def _parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().rstrip("B")
+    return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
+
+
+def worker(args) -> int:
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, ROOT)
+    import qcomm
+
+    torch.set_num_threads(args.threads)
+    rank, world = args.rank, args.world
+    dist.init_process_group(
+        "qnccl",
+        init_method=f"tcp://{SUBNET}.1:{args.port}",
+        rank=rank,
+        world_size=world,
+        pg_options=qcomm.QuantConfig(min_bytes=0),
+    )
+    gloo = dist.new_group(backend="gloo")
+    rows = []
+
+    def timed(fn, make):
+        times = []
+        for _ in range(args.warmup + args.iters):
+            t = make()
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            fn(t)
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
+            times.append(float(dt))
+        times = times[args.warmup :]
+        return statistics.median(times), min(times), max(times)
+
+    for size in [_parse_size(s) for s in args.sizes.split(",")]:
+        n = size // 4
+        x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+        base = {}
+        for name, dtype in (("gloo_fp32", torch.float32), ("gloo_bf16", torch.bfloat16)):
+            med, lo, hi = timed(lambda t: dist.all_reduce(t, group=gloo), lambda: x.to(dtype))
+            base[name] = med
+            rows.append([size, name, "-", med, lo, hi, "", "", ""])
+            if rank == 0:
+                print(f"[{size >> 20} MiB] {name}: {med:.3f} s", file=sys.stderr, flush=True)
+        for algo in args.algorithms.split(","):
+            for bits in args.bits.split(","):
+                rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
+                qcomm.set_config(
+                    qcomm.QuantConfig(
+                        algorithm=algo,
+                        rs_bits=rs,
+                        ag_bits=ag,
+                        min_bytes=0,
+                        microshards=args.microshards,
+                    )
+                )
+                before = qcomm.stats()["wire_bytes"]
+                med, lo, hi = timed(lambda t: dist.all_reduce(t), lambda: x.clone())
+                wire = (qcomm.stats()["wire_bytes"] - before) // (args.warmup + args.iters)
+                rows.append(
+                    [
+                        size,
+                        algo,
+                        bits,
+                        med,
+                        lo,
+                        hi,
+                        base["gloo_fp32"] / med,
+                        base["gloo_bf16"] / med,
+                        wire,
+                    ]
+                )
+                if rank == 0:
+                    print(
+                        f"[{size >> 20} MiB] {algo} {bits}: {med:.3f} s "
+                        f"({base['gloo_fp32'] / med:.2f}x fp32, {base['gloo_bf16'] / med:.2f}x bf16)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    if rank == 0:
+        head = [
+            "bytes",
+            "what",
+            "bits",
+            "median_s",
+            "min_s",
+            "max_s",
+            "vs_fp32",
+            "vs_bf16",
+            "wire_bytes_per_rank",
+        ]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for r in rows:
+            cells = [
+                str(r[0]),
+                r[1],
+                r[2],
+                f"{r[3]:.3f}",
+                f"{r[4]:.3f}",
+                f"{r[5]:.3f}",
+                f"{r[6]:.2f}x" if r[6] != "" else "",
+                f"{r[7]:.2f}x" if r[7] != "" else "",
+                str(r[8]),
+            ]
+            print("| " + " | ".join(cells) + " |")
+        if args.csv:
+            with open(args.csv, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(head)
+                w.writerows(rows)
+    dist.destroy_process_group()
+    return 0
+
+
+# ---- the orchestrator ----
+
+
+def run(args) -> int:
+    if os.geteuid() != 0:
+        print("slow_cluster.py needs root (ip netns, tc)", file=sys.stderr)
+        return 2
+    teardown(args.world)
+    python = sys.executable
+    procs = []
+    try:
+        setup(args.world, args.rate, args.delay)
+        print(
+            f"# {args.world} ranks in network namespaces, {args.rate} each way"
+            + (f", +{args.delay} delay" if args.delay else "")
+            + f", {args.threads} thread(s) per rank, {os.cpu_count()} cores",
+            flush=True,
+        )
+        ranks, _ = ns_names(args.world)
+        for i, ns in enumerate(ranks):
+            env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=ROOT)
+            cmd = [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                python,
+                os.path.abspath(__file__),
+                "--worker",
+                "--rank",
+                str(i),
+            ] + args.passthrough
+            procs.append(subprocess.Popen(cmd, env=env))
+        deadline = time.monotonic() + args.timeout
+        codes = []
+        for p in procs:
+            codes.append(p.wait(timeout=max(1, deadline - time.monotonic())))
+        return 0 if all(c == 0 for c in codes) else 1
+    except subprocess.TimeoutExpired:
+        print(f"slow_cluster.py: ranks did not finish within {args.timeout} s", file=sys.stderr)
+        return 1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        teardown(args.world)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--rate", default="1gbit", help="tc rate each way per rank, e.g. 1gbit, 10gbit")
+    ap.add_argument("--delay", default=None, help="optional added latency, e.g. 100us")
+    ap.add_argument("--sizes", default="64M")
+    ap.add_argument("--algorithms", default="two_step,ring,semi_ring")
+    ap.add_argument("--bits", default="8/8,4/8,4/4")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--microshards", type=int, default=4)
+    ap.add_argument("--port", type=int, default=29577)
+    ap.add_argument("--csv", default=None)
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    # the workers get the same options
+    args.passthrough = [a for a in sys.argv[1:]]
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
