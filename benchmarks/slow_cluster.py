@@ -114,7 +114,9 @@ def worker(args) -> int:
         x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
         base = {}
         for name, dtype in (("gloo_fp32", torch.float32), ("gloo_bf16", torch.bfloat16)):
-            med, lo, hi = timed(lambda t: dist.all_reduce(t, group=gloo), lambda: x.to(dtype))
+            med, lo, hi = timed(
+                lambda t: dist.all_reduce(t, group=gloo), lambda x=x, dtype=dtype: x.to(dtype)
+            )
             base[name] = med
             rows.append([size, name, "-", med, lo, hi, "", "", ""])
             if rank == 0:
@@ -132,7 +134,7 @@ def worker(args) -> int:
                     )
                 )
                 before = qcomm.stats()["wire_bytes"]
-                med, lo, hi = timed(lambda t: dist.all_reduce(t), lambda: x.clone())
+                med, lo, hi = timed(lambda t: dist.all_reduce(t), lambda x=x: x.clone())
                 wire = (qcomm.stats()["wire_bytes"] - before) // (args.warmup + args.iters)
                 rows.append(
                     [
