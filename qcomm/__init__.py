@@ -34,13 +34,20 @@ def compiled_with_cuda() -> bool:
 
 
 def _create(opts, pg_options):
-    """The creator torch calls once per qnccl group (extended API)."""
+    """The creator torch calls once per qnccl group (extended API).
+
+    pg_options may be a QuantConfig (or a dict of its fields), or a ProcessGroupNCCL.Options, which
+    Megatron-core passes when it has an NCCL communicator config: that goes to the inner NCCL
+    backend, and the quantization config then comes from the environment and defaults."""
+    nccl_options = None
+    if dist.is_nccl_available() and isinstance(pg_options, dist.ProcessGroupNCCL.Options):
+        nccl_options, pg_options = pg_options, None
     cfg = resolve(pg_options)
     store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
-        nopts = dist.ProcessGroupNCCL.Options()
+        nopts = nccl_options if nccl_options is not None else dist.ProcessGroupNCCL.Options()
         nopts._timeout = timeout
         nopts.global_ranks_in_group = list(opts.global_ranks_in_group)
         nopts.group_name = opts.group_id

@@ -10,7 +10,8 @@ VENV="$ROOT/.venv"
 TORCH_VERSION="2.11.0"
 # module:requirement. ruff and clang-format are pinned so the format check means the same everywhere.
 DEPS=(numpy:numpy pytest:pytest ninja:ninja setuptools:setuptools wheel:wheel hypothesis:hypothesis
-      matplotlib:matplotlib ruff:ruff==0.17.6 clang_format:clang-format==18.1.8)
+      matplotlib:matplotlib ruff:ruff==0.17.6 clang_format:clang-format==18.1.8
+      megatron:megatron-core==0.16.1 gguf:gguf==0.19.0 tokenizers:tokenizers==0.23.3)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 

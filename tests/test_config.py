@@ -105,6 +105,11 @@ def _precedence_worker(rank, world):
     out["plan_small"] = qcomm.plan(torch.ones(10))
     out["plan_int"] = qcomm.plan(torch.ones(10, dtype=torch.int32))
     out["plan_max"] = qcomm.plan(torch.ones(10**6), op=dist.ReduceOp.MAX)
+    # Megatron-core passes NCCL options as pg_options when it has a communicator config
+    nccl_opts = dist.ProcessGroupNCCL.Options()
+    out["nccl_options_group"] = qcomm.get_config(
+        dist.new_group([0, 1], backend="qnccl", pg_options=nccl_opts)
+    )
     try:
         qcomm.set_config(qcomm.QuantConfig(), group=dist.new_group([0, 1], backend="gloo"))
         out["gloo_error"] = None
@@ -121,6 +126,7 @@ def test_precedence_across_ranks():
         assert out["explicit_group"] == qcomm.QuantConfig(algorithm="ring")  # explicit over env
         assert out["after_set"] == qcomm.QuantConfig(algorithm="semi_ring", ag_bits=4)
         assert out["default_unchanged"] == out["default_group"]
+        assert out["nccl_options_group"] == out["default_group"]  # from the environment
         # the subgroup keeps the default min_bytes (1 MiB), so 4000 bytes pass through
         assert out["plan"]["quantize"] is False and "min_bytes" in out["plan"]["reason"]
         assert out["plan_small"]["quantize"] is True and out["plan_small"]["rs_bits"] == 4
