@@ -131,6 +131,7 @@ def worker(args) -> int:
                         ag_bits=ag,
                         min_bytes=0,
                         microshards=args.microshards,
+                        rotate=args.rotate,
                     )
                 )
                 before = qcomm.stats()["wire_bytes"]
@@ -252,6 +253,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--microshards", type=int, default=4)
+    ap.add_argument("--rotate", action="store_true", help="QuantConfig(rotate=True)")
     ap.add_argument("--port", type=int, default=29577)
     ap.add_argument("--csv", default=None)
     ap.add_argument("--timeout", type=float, default=1800)

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "algorithms.h"
+#include "codec_cpu.h"
 #include "transport.h"
 #include "work.h"
 
@@ -121,7 +122,14 @@ void QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   Transport transport(gloo_.get(), getRank(), getSize(), timeout);
   agreeOnPlan(plan, transport);
-  void* data = buf.data_ptr();
+  // With rotation the algorithm runs in place on the fp32 rotated message, then rotates back.
+  at::Tensor rotated;
+  if (plan.rotate) {
+    rotated = at::empty({plan.numel}, at::kFloat);
+    rotateForward(buf.data_ptr(), plan.userDtype, plan.userNumel, plan.rs.groupSize,
+                  rotated.data_ptr<float>());
+  }
+  void* data = plan.rotate ? rotated.data_ptr() : buf.data_ptr();
   switch (plan.algorithm) {
     case kTwoStep:
       runTwoStep(plan, transport, data);
@@ -134,6 +142,10 @@ void QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
       break;
     default:
       TORCH_CHECK(false, prefix(), "allreduce: unknown algorithm ", plan.algorithm);
+  }
+  if (plan.rotate) {
+    rotateInverse(rotated.data_ptr<float>(), plan.numel, plan.rs.groupSize);
+    castFromFloat(rotated.data_ptr<float>(), plan.userNumel, plan.userDtype, buf.data_ptr());
   }
   if (!buf.is_same(tensor)) tensor.copy_(buf);
   stats_.quantizedCalls++;

@@ -91,7 +91,7 @@ at::Tensor castToFloatT(const at::Tensor& x) {
 }
 
 QuantConfig configFromArgs(int algorithm, int rsBits, int agBits, int groupSize, bool symmetric,
-                           int64_t minBytes, int microshards) {
+                           int64_t minBytes, int microshards, bool rotate) {
   QuantConfig c;
   c.algorithm = algorithm;
   c.rsBits = rsBits;
@@ -100,6 +100,7 @@ QuantConfig configFromArgs(int algorithm, int rsBits, int agBits, int groupSize,
   c.symmetric = symmetric;
   c.minBytes = minBytes;
   c.microshards = microshards;
+  c.rotate = rotate;
   validateConfig(c);
   return c;
 }
@@ -113,6 +114,7 @@ py::dict configToDict(const QuantConfig& c) {
   d["symmetric"] = c.symmetric;
   d["min_bytes"] = c.minBytes;
   d["microshards"] = c.microshards;
+  d["rotate"] = c.rotate;
   return d;
 }
 
@@ -133,9 +135,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                if (o.is_none()) return {};
                return c10::intrusive_ptr<c10d::Backend>::reclaim_copy(o.cast<c10d::Backend*>());
              };
-             QuantConfig c = configFromArgs(
-                 cfg[0].cast<int>(), cfg[1].cast<int>(), cfg[2].cast<int>(), cfg[3].cast<int>(),
-                 cfg[4].cast<bool>(), cfg[5].cast<int64_t>(), cfg[6].cast<int>());
+             QuantConfig c =
+                 configFromArgs(cfg[0].cast<int>(), cfg[1].cast<int>(), cfg[2].cast<int>(),
+                                cfg[3].cast<int>(), cfg[4].cast<bool>(), cfg[5].cast<int64_t>(),
+                                cfg[6].cast<int>(), cfg[7].cast<bool>());
              return c10::make_intrusive<QncclBackend>(rank, size, timeout, asBackend(gloo),
                                                       asBackend(nccl), c);
            }),
@@ -146,7 +149,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           [](QncclBackend& b, py::tuple cfg) {
             b.setConfig(configFromArgs(cfg[0].cast<int>(), cfg[1].cast<int>(), cfg[2].cast<int>(),
                                        cfg[3].cast<int>(), cfg[4].cast<bool>(),
-                                       cfg[5].cast<int64_t>(), cfg[6].cast<int>()));
+                                       cfg[5].cast<int64_t>(), cfg[6].cast<int>(),
+                                       cfg[7].cast<bool>()));
           },
           py::arg("config"))
       .def("get_config", [](const QncclBackend& b) { return configToDict(b.getConfig()); })
@@ -172,6 +176,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             d["ag_bits"] = p.ag.bits;
             d["chunk_elems"] = p.chunkElems;
             d["microshards"] = p.microshards;
+            d["rotate"] = p.rotate;
             d["shard_elems"] = p.shardElems;
             return d;
           },

@@ -384,6 +384,26 @@ QCOMM_HD void decodeGroupT(const uint8_t* block, int64_t n, const CodecSpec& c, 
   }
 }
 
+// ---- Hadamard rotation of a group (QuantConfig.rotate) ----
+//
+// y = H x with H the unnormalised g x g Walsh-Hadamard matrix (entries +-1), computed by the fast
+// transform in a fixed butterfly order. H H = g I, so x = H y / g; g is a power of two, so the
+// division is exact. Rotation spreads an outlier's energy over its whole group, which shrinks the
+// quantization step of the other elements; it is linear, so ranks sum in the rotated domain and
+// one inverse rotation at the end suffices.
+QCOMM_HD void hadamardGroup(float* x, int g) {
+  for (int h = 1; h < g; h *= 2) {
+    for (int i = 0; i < g; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const float a = x[j];
+        const float b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+}
+
 // Run-time dispatch to the four (bits, symmetric) instantiations.
 template <class T>
 QCOMM_HD void encodeGroup(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block) {

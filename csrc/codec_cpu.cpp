@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace qcomm {
@@ -114,6 +115,27 @@ void addToFloat(const void* x, int32_t dtype, int64_t n, float* acc) {
 
 void castToFloat(const void* x, int32_t dtype, int64_t n, float* out) {
   toFloatDispatch(x, dtype, n, out, false);
+}
+
+void rotateForward(const void* x, int32_t dtype, int64_t n, int groupSize, float* out) {
+  const int64_t groups = (n + groupSize - 1) / groupSize;
+  forGroups(groups, [&](int64_t g) {
+    const int64_t begin = g * groupSize;
+    const int64_t len = std::min<int64_t>(groupSize, n - begin);
+    castToFloat(static_cast<const uint8_t*>(x) + begin * dtypeBytes(dtype), dtype, len,
+                out + begin);
+    for (int64_t i = len; i < groupSize; ++i) out[begin + i] = 0.0f;
+    hadamardGroup(out + begin, groupSize);
+  });
+}
+
+void rotateInverse(float* y, int64_t paddedN, int groupSize) {
+  const float inv = 1.0f / float(groupSize);  // a power of two: exact
+  forGroups(paddedN / groupSize, [&](int64_t g) {
+    float* v = y + g * groupSize;
+    hadamardGroup(v, groupSize);
+    for (int i = 0; i < groupSize; ++i) v[i] = v[i] * inv;
+  });
 }
 
 void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) {

@@ -20,6 +20,11 @@ void addToFloat(const void* x, int32_t dtype, int64_t n, float* acc);
 // out[i] = dtype(x[i]), rounding to nearest even.
 void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out);
 
+// Rotation (codec.h hadamardGroup): out[0..ceil(n/g)*g) = H x per group, the last group padded
+// with zeros; and the inverse, in place: y = H y / g per group.
+void rotateForward(const void* x, int32_t dtype, int64_t n, int groupSize, float* out);
+void rotateInverse(float* y, int64_t paddedN, int groupSize);
+
 // out[i] = float(x[i]) for x of `dtype`.
 void castToFloat(const void* x, int32_t dtype, int64_t n, float* out);
 

@@ -17,6 +17,7 @@ struct QuantConfig {
   bool symmetric = false;
   int64_t minBytes = 1 << 20;
   int32_t microshards = 4;
+  bool rotate = false;  // Hadamard-rotate each group before quantizing (codec.h hadamardGroup)
 };
 
 // Throws c10::ValueError naming the knob, the value given and what is allowed.

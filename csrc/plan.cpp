@@ -42,14 +42,22 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg) {
   if (f.numel * dtypeBytes(f.dtype) < cfg.minBytes) return passThrough("message below min_bytes");
 
   p.quantize = true;
+  p.userNumel = f.numel;
+  p.userDtype = f.dtype;
+  if (cfg.rotate) {
+    // the rotated message: whole groups, fp32 (a phase set to none ships fp32 here)
+    p.rotate = true;
+    p.numel = ceilDiv(f.numel, cfg.groupSize) * cfg.groupSize;
+    p.dtype = kFloat32;
+  }
   // auto: two_step. It has the fewest quantization round trips (two, whatever the world size), so
   // the lowest error, and it needs two collectives where the rings need W-1 hops. The measured
   // crossovers that refine this live in benchmarks/RESULTS.md.
   p.algorithm = cfg.algorithm == kAuto ? kTwoStep : cfg.algorithm;
-  p.rs = CodecSpec{cfg.rsBits, cfg.groupSize, cfg.symmetric ? 1 : 0, f.dtype};
-  p.ag = CodecSpec{cfg.agBits, cfg.groupSize, cfg.symmetric ? 1 : 0, f.dtype};
+  p.rs = CodecSpec{cfg.rsBits, cfg.groupSize, cfg.symmetric ? 1 : 0, p.dtype};
+  p.ag = CodecSpec{cfg.agBits, cfg.groupSize, cfg.symmetric ? 1 : 0, p.dtype};
   const int64_t g = cfg.groupSize;
-  p.chunkElems = ceilDiv(ceilDiv(f.numel, g), f.world) * g;
+  p.chunkElems = ceilDiv(ceilDiv(p.numel, g), f.world) * g;
   p.microshards = std::max(1, cfg.microshards);
   p.shardElems = ceilDiv(ceilDiv(p.chunkElems, g), p.microshards) * g;
   return p;
@@ -58,8 +66,8 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg) {
 namespace {
 constexpr int64_t kHeaderMagic = 0x71636f6d6d31;  // "qcomm1"
 const char* const kHeaderNames[PlanHeader::kFields] = {
-    "header",  "numel",   "dtype",      "op",        "algorithm",
-    "rs_bits", "ag_bits", "group_size", "symmetric", "microshards"};
+    "header",  "numel",      "dtype",     "op",          "algorithm", "rs_bits",
+    "ag_bits", "group_size", "symmetric", "microshards", "rotate"};
 
 std::string fieldValue(int field, int64_t v) {
   switch (field) {
@@ -72,6 +80,9 @@ std::string fieldValue(int field, int64_t v) {
     case 5:
     case 6:
       return v == 0 ? "none" : std::to_string(v);
+    case 8:
+    case 10:
+      return v ? "true" : "false";
     default:
       return std::to_string(v);
   }
@@ -79,8 +90,9 @@ std::string fieldValue(int field, int64_t v) {
 }  // namespace
 
 PlanHeader headerOf(const Plan& p) {
-  return PlanHeader{{kHeaderMagic, p.numel, p.dtype, p.average ? 1 : 0, p.algorithm, p.rs.bits,
-                     p.ag.bits, p.rs.groupSize, p.rs.symmetric, p.microshards}};
+  return PlanHeader{{kHeaderMagic, p.userNumel, p.userDtype, p.average ? 1 : 0, p.algorithm,
+                     p.rs.bits, p.ag.bits, p.rs.groupSize, p.rs.symmetric, p.microshards,
+                     p.rotate ? 1 : 0}};
 }
 
 std::string describeMismatch(const std::vector<PlanHeader>& headers) {

@@ -33,6 +33,11 @@ struct Plan {
   // so that the transfer of one overlaps the decode-add-encode of the previous one.
   int32_t microshards = 1;
   int64_t shardElems = 0;
+  // Rotation: the algorithm runs on the fp32 rotated message of `numel` (the user's element count
+  // rounded up to whole groups); userNumel and userDtype describe the caller's tensor.
+  bool rotate = false;
+  int64_t userNumel = 0;
+  int32_t userDtype = kFloat32;
 
   ChunkRange chunk(int c) const;
   ChunkRange shard(int c, int k) const;  // absolute element range of shard k of chunk c
@@ -54,7 +59,7 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg);
 // made from. Ranks exchange these few bytes first, so a mismatch (a different numel, dtype, op or
 // config on some rank) becomes a clear error on every rank instead of a hang or wrong numbers.
 struct PlanHeader {
-  static constexpr int kFields = 10;
+  static constexpr int kFields = 11;
   int64_t field[kFields];
 };
 

@@ -175,6 +175,37 @@ def cast_bound(v64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return v64.abs() * 2.0**-11 + 2.0**-25
 
 
+# ---- rotation (csrc/codec.h hadamardGroup) ----
+
+
+def hadamard(v: torch.Tensor, g: int) -> torch.Tensor:
+    """H v per group of g (unnormalised Walsh-Hadamard, entries +-1), in the butterfly order of
+    csrc/codec.h, so the fp32 results match bit for bit. v: fp32, numel a multiple of g."""
+    v = v.reshape(-1, g)
+    h = 1
+    while h < g:
+        w = v.reshape(v.shape[0], g // (2 * h), 2, h)
+        a, b = w[:, :, 0, :], w[:, :, 1, :]
+        v = torch.stack([a + b, a - b], dim=2).reshape(-1, g)
+        h *= 2
+    return v.reshape(-1)
+
+
+def rotate_forward(x: torch.Tensor, g: int) -> torch.Tensor:
+    x32 = x.to(F32).flatten()
+    pad = (-x32.numel()) % g
+    return hadamard(torch.cat([x32, torch.zeros(pad, dtype=F32)]), g)
+
+
+def rotate_inverse(y: torch.Tensor, g: int) -> torch.Tensor:
+    return hadamard(y, g) * (1.0 / g)
+
+
+def _group_sum(v64: torch.Tensor, g: int) -> torch.Tensor:
+    """Each element replaced by the sum over its group (v64 padded to whole groups)."""
+    return v64.reshape(-1, g).sum(1, keepdim=True).expand(-1, g).reshape(-1)
+
+
 # ---- chunk geometry (csrc/plan.cpp) ----
 
 
@@ -238,8 +269,11 @@ def allreduce(
     group_size: int = 128,
     symmetric: bool = False,
     average: bool = False,
+    rotate: bool = False,
 ) -> Result:
     """The quantized allreduce of the per-rank 1-D tensors `xs` (all of one dtype and numel)."""
+    if rotate:
+        return _allreduce_rotated(xs, algorithm, rs_bits, ag_bits, group_size, symmetric, average)
     world = len(xs)
     dtype = xs[0].dtype
     n = xs[0].numel()
@@ -286,6 +320,37 @@ def allreduce(
     # can be smaller than them, so also allow 2^-23 of the sum of magnitudes per rank
     mags = torch.stack([x.to(F64).abs() for x in flat]).sum(0)
     bound = bound + world * 2.0**-23 * mags / (world if average else 1)
+    return Result(out, bound, exact)
+
+
+def _allreduce_rotated(xs, algorithm, rs_bits, ag_bits, g, symmetric, average) -> Result:
+    """rotate=True: each rank rotates its input (fp32, padded to whole groups), the allreduce runs
+    on the rotated fp32 messages, and every rank rotates the result back.
+
+    Bound, per element i of group G(i): the rotated-domain bound, plus the fp32 error of each
+    rank's forward transform (at most g * 2^-24 * sum_G |x_r|: a butterfly stage doubles the
+    error it receives and adds a rounding of at most 2^-24 of a value bounded by sum_G |x_r|, over
+    log2 g stages), mapped back by H/g (|H e| / g <= sum_G |e| / g); plus the inverse transform's
+    own rounding (2^-24 * sum_G |y|) and the final cast."""
+    flat = [x.flatten() for x in xs]
+    dtype, n, world = flat[0].dtype, flat[0].numel(), len(flat)
+    rot = [rotate_forward(x, g) for x in flat]
+    r = allreduce(rot, algorithm, rs_bits, ag_bits, g, symmetric, average)
+    back = rotate_inverse(r.out, g)
+    out = back[:n].to(dtype)
+    exact = torch.stack([x.to(F64) for x in flat]).sum(0)
+    if average:
+        exact = exact / world
+    npad = r.out.numel()
+    fwd_err = torch.zeros(npad, dtype=F64)
+    for x in flat:
+        x64 = torch.cat([x.to(F64).abs(), torch.zeros(npad - n, dtype=F64)])
+        fwd_err = fwd_err + g * 2.0**-24 * _group_sum(x64, g)
+    if average:
+        fwd_err = fwd_err / world
+    rot_bound = r.bound + fwd_err
+    bound = _group_sum(rot_bound, g) / g + 2.0**-24 * _group_sum(r.out.to(F64).abs(), g)
+    bound = bound[:n] + cast_bound(back[:n].to(F64), dtype)
     return Result(out, bound, exact)
 
 

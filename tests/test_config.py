@@ -25,6 +25,7 @@ from dist_util import run_ranks
         ("min_bytes", 1.5, "integer >= 0"),
         ("microshards", 0, "from 1 to 64"),
         ("microshards", 65, "from 1 to 64"),
+        ("rotate", 1, "True or False"),
     ],
 )
 def test_invalid_values_name_knob_value_and_allowed(knob, value, allowed):
@@ -55,9 +56,10 @@ def test_environment_parsing():
         "QCOMM_SYMMETRIC": "true",
         "QCOMM_MIN_BYTES": "0",
         "QCOMM_MICROSHARDS": "2",
+        "QCOMM_ROTATE": "on",
     }
     c = qc.from_env(env)
-    assert c == qcomm.QuantConfig("ring", 4, None, 64, True, 0, 2)
+    assert c == qcomm.QuantConfig("ring", 4, None, 64, True, 0, 2, True)
     assert qc.from_env({}) == qcomm.QuantConfig()
 
 
@@ -87,7 +89,7 @@ def test_resolve_precedence_and_types():
 
 def test_cpp_validation_matches_python():
     # the C++ side rejects what Python rejects, even if Python's check is bypassed
-    bad = (0, 6, 8, 128, False, 0, 4)  # rs_bits 6
+    bad = (0, 6, 8, 128, False, 0, 4, False)  # rs_bits 6
     with pytest.raises(ValueError, match="rs_bits"):
         qcomm._C.QncclBackend(0, 1, __import__("datetime").timedelta(seconds=5), None, None, bad)
 

@@ -76,9 +76,12 @@ def test_codec_matches_reference(x, bits, sym, log_g):
     sym=st.booleans(),
     avg=st.booleans(),
     shards=st.integers(1, 7),
+    rotate=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_algorithms_match_reference(world, n, dtype, algo, bits, log_g, sym, avg, shards, seed):
+def test_algorithms_match_reference(
+    world, n, dtype, algo, bits, log_g, sym, avg, shards, rotate, seed
+):
     g = inproc.group(world)
     cfg = qcomm.QuantConfig(
         algorithm=algo,
@@ -88,6 +91,7 @@ def test_algorithms_match_reference(world, n, dtype, algo, bits, log_g, sym, avg
         symmetric=sym,
         min_bytes=0,
         microshards=shards,
+        rotate=rotate,
     )
     g.set_config(cfg)
     gen = torch.Generator().manual_seed(seed)
@@ -96,7 +100,7 @@ def test_algorithms_match_reference(world, n, dtype, algo, bits, log_g, sym, avg
     before = g.stats()["quantized_calls"]
     outs = g.allreduce(xs, "avg" if avg else "sum")
     assert g.stats()["quantized_calls"] == before + 1
-    r = ref.allreduce(xs, algo, bits[0], bits[1], 2**log_g, sym, average=avg)
+    r = ref.allreduce(xs, algo, bits[0], bits[1], 2**log_g, sym, average=avg, rotate=rotate)
     for o in outs:
         assert _same_bits(o, outs[0]), "ranks disagree"
     assert _same_bits(outs[0], r.out), "differs from the reference model"
