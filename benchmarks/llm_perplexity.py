@@ -293,16 +293,23 @@ def paired_delta(nll: torch.Tensor, nll_ref: torch.Tensor):
 
 
 def parse_config(spec: str):
-    """'none' or 'algorithm:rs/ag' or 'algorithm:rs/ag:gGROUP' -> QuantConfig (min_bytes=0;
-    group size 128 unless given)."""
+    """'none' or 'algorithm:rs/ag' with optional ':gGROUP' and ':rot' (Hadamard rotation) ->
+    QuantConfig (min_bytes=0; group size 128 unless given)."""
     import qcomm
 
     if spec == "none":
         return qcomm.QuantConfig(algorithm="none", min_bytes=0)
     algo, bits, *rest = spec.split(":")
     rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
-    group = int(rest[0].lstrip("g")) if rest else 128
-    return qcomm.QuantConfig(algorithm=algo, rs_bits=rs, ag_bits=ag, min_bytes=0, group_size=group)
+    group = next((int(r[1:]) for r in rest if r.startswith("g")), 128)
+    return qcomm.QuantConfig(
+        algorithm=algo,
+        rs_bits=rs,
+        ag_bits=ag,
+        min_bytes=0,
+        group_size=group,
+        rotate="rot" in rest,
+    )
 
 
 def tp_eval(rank, world, model_path, windows, specs, threads=1):
@@ -422,7 +429,10 @@ def table(results, single_ppl: Optional[float], header: str) -> str:
         d, se = (100 * v for v in paired_delta(r["nll"], ref["nll"]))
         e = [f"{r['errors'][k][0]:.2e} ({r['errors'][k][1]:.2e})" for k in SITES]
         c = r["stats"]["compression"]
-        g = group.lstrip("g") or ("128" if bits else "-")
+        opts = group.split(":") if group else []
+        g = next((o[1:] for o in opts if o.startswith("g")), "128" if bits else "-")
+        if "rot" in opts:
+            g += " + rotation"
         lines.append(
             f"| {algo} | {bits or '-'} | {g} | {r['ppl']:.4f} | {d:+.2f}% ± {se:.2f}% | {e[0]} "
             f"| {e[1]} | "
