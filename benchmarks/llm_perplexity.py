@@ -37,11 +37,8 @@ import dataclasses
 import glob
 import math
 import os
-import queue
 import sys
-import tempfile
 import time
-import traceback
 from typing import Dict, List, Optional
 
 import torch
@@ -362,47 +359,12 @@ def tp_eval(rank, world, model_path, windows, specs, threads=1):
     return results
 
 
-def _entry(rank, world, init_file, args, out):
-    import torch.distributed as dist
-
-    import qcomm  # noqa: F401 (registers qnccl)
-
-    try:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
-        )
-        res = tp_eval(rank, world, *args)
-        dist.destroy_process_group()
-        out.put((rank, res))
-    except BaseException:  # noqa: BLE001 - shown by the parent
-        out.put((rank, traceback.format_exc()))
-
-
 def launch(world, *args, timeout=3600):
-    """Spawn `world` ranks running tp_eval(rank, world, *args); rank 0's result."""
-    ctx = torch.multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    init_file = os.path.join(tempfile.mkdtemp(prefix="qcomm-llm-"), "store")
-    procs = [
-        ctx.Process(target=_entry, args=(r, world, init_file, args, out)) for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in range(world):
-            rank, res = out.get(timeout=timeout)
-            if isinstance(res, str):
-                raise RuntimeError(f"rank {rank} failed:\n{res}")
-            results[rank] = res
-    except queue.Empty:
-        raise RuntimeError("a rank did not answer in time") from None
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    return results[0]
+    """Spawn `world` ranks (a Gloo default group) running tp_eval(rank, world, *args); rank 0's
+    result."""
+    from qcomm.spawn import run_ranks
+
+    return run_ranks(tp_eval, world, *args, backend="gloo", timeout=timeout)[0]
 
 
 # ---- report ----

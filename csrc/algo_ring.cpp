@@ -17,20 +17,17 @@
 #include "codec_cpu.h"
 
 namespace qcomm {
-namespace {
-int mod(int a, int w) { return ((a % w) + w) % w; }
-}  // namespace
 
 void runRing(const Plan& plan, Transport& t, void* data) {
   const int world = plan.world;
   const int rank = t.rank();
   const int shards = plan.microshards;
   const int steps = world - 1;
-  const int next = mod(rank + 1, world);
-  const int prev = mod(rank - 1, world);
+  const int next = wrapRank(rank + 1, world);
+  const int prev = wrapRank(rank - 1, world);
   const int64_t unitBytes = alignUp16(encodedBytes(plan.shardElems, plan.rs));
-  auto sendChunk = [&](int s) { return mod(rank - s - 1, world); };
-  auto recvChunk = [&](int s) { return mod(rank - s - 2, world); };
+  auto sendChunk = [&](int s) { return wrapRank(rank - s - 1, world); };
+  auto recvChunk = [&](int s) { return wrapRank(rank - s - 2, world); };
   auto unit = [&](int s, int k) { return int64_t(s) * shards + k; };
 
   at::Tensor sendBuf = byteBuffer(unitBytes * steps * shards);

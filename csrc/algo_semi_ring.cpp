@@ -24,9 +24,6 @@
 #include "codec_cpu.h"
 
 namespace qcomm {
-namespace {
-int mod(int a, int w) { return ((a % w) + w) % w; }
-}  // namespace
 
 void runSemiRing(const Plan& plan, Transport& t, void* data) {
   const int world = plan.world;
@@ -35,8 +32,8 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
   const int rightSteps = world / 2;
   const int leftSteps = (world - 1) / 2;
   const int leftStart = rightSteps - leftSteps;
-  const int next = mod(rank + 1, world);
-  const int prev = mod(rank - 1, world);
+  const int next = wrapRank(rank + 1, world);
+  const int prev = wrapRank(rank - 1, world);
   const int64_t unitBytes = alignUp16(encodedBytes(plan.shardElems, plan.rs));
 
   // Directions: 0 = right chain (send to prev, receive from next), 1 = left chain (the reverse).
@@ -47,10 +44,11 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
   };
   const Dir dirs[2] = {{rightSteps, prev, next}, {leftSteps, next, prev}};
   auto sendChunk = [&](int d, int s) {
-    return d == 0 ? mod(rank - rightSteps + s, world) : mod(rank + leftSteps - s, world);
+    return d == 0 ? wrapRank(rank - rightSteps + s, world) : wrapRank(rank + leftSteps - s, world);
   };
   auto recvChunk = [&](int d, int s) {
-    return d == 0 ? mod(rank + 1 - rightSteps + s, world) : mod(rank - 1 + leftSteps - s, world);
+    return d == 0 ? wrapRank(rank + 1 - rightSteps + s, world)
+                  : wrapRank(rank - 1 + leftSteps - s, world);
   };
   // One unit per (direction, step, shard); tags interleave the two directions.
   const int64_t unitsPerDir = int64_t(rightSteps) * shards;

@@ -26,6 +26,9 @@ void decodeToOutput(const Plan& plan, const uint8_t* bytes, ChunkRange range, vo
 // For AVG: sum[i] / world, in fp32 (a no-op for SUM).
 void divideByWorld(const Plan& plan, float* sum, int64_t len);
 
+// a mod w in [0, w), for rank arithmetic that may go negative.
+inline int wrapRank(int a, int w) { return ((a % w) + w) % w; }
+
 // Pointer to element `offset` of a buffer of plan.dtype.
 inline void* elemPtr(void* data, int32_t dtype, int64_t offset) {
   return static_cast<uint8_t*>(data) + offset * dtypeBytes(dtype);

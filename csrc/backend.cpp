@@ -12,10 +12,8 @@
 #include "work.h"
 
 namespace qcomm {
-namespace {
-
-int32_t codecDtype(const at::Tensor& t) {
-  switch (t.scalar_type()) {
+int32_t codecDtype(at::ScalarType t) {
+  switch (t) {
     case at::kFloat:
       return kFloat32;
     case at::kHalf:
@@ -26,8 +24,6 @@ int32_t codecDtype(const at::Tensor& t) {
       return -1;
   }
 }
-
-}  // namespace
 
 QncclBackend::QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
                            c10::intrusive_ptr<c10d::Backend> gloo,
@@ -86,7 +82,7 @@ c10d::Backend* QncclBackend::pickAll(const std::vector<at::Tensor>& ts, const ch
 Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
   CallFacts f;
   f.numel = t.numel();
-  f.dtype = codecDtype(t);
+  f.dtype = codecDtype(t.scalar_type());
   f.opSum = op.op_ == c10d::ReduceOp::SUM;
   f.opAvg = op.op_ == c10d::ReduceOp::AVG;
   // torch.distributed.all_reduce hands complex tensors to backends as view_as_real(t): a real

@@ -13,6 +13,9 @@
 
 namespace qcomm {
 
+// The codec's DType of a torch dtype, or -1 when it is not fp32, fp16 or bf16.
+int32_t codecDtype(at::ScalarType t);
+
 struct Stats {
   std::atomic<int64_t> quantizedCalls{0};
   std::atomic<int64_t> passthroughCalls{0};

@@ -33,16 +33,9 @@ class NoGilPtr {
 };
 
 int32_t dtypeCode(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return kFloat32;
-    case at::kHalf:
-      return kFloat16;
-    case at::kBFloat16:
-      return kBFloat16;
-    default:
-      TORCH_CHECK_VALUE(false, "[qcomm] codec: dtype ", t, " is not fp32, fp16 or bf16");
-  }
+  const int32_t code = codecDtype(t);
+  TORCH_CHECK_VALUE(code >= 0, "[qcomm] codec: dtype ", t, " is not fp32, fp16 or bf16");
+  return code;
 }
 
 CodecSpec makeSpec(int bits, int groupSize, bool symmetric, at::ScalarType raw) {

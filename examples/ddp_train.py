@@ -19,11 +19,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import queue
 import sys
-import tempfile
 import time
-import traceback
 
 import torch
 
@@ -107,51 +104,19 @@ def train(rank, world, steps=300, batch=256, lr=3e-3, eval_every=10, seed=0):
     return {"curve": curve, "final": final, "digest": digest, "stats": stats}
 
 
-def _entry(rank, world, init_file, backend, cfg, kwargs, out):
-    import torch.distributed as dist
-
-    import qcomm
-
-    torch.set_num_threads(1)
-    try:
-        pg_options = qcomm.QuantConfig(min_bytes=0, **cfg) if cfg is not None else None
-        dist.init_process_group(
-            backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
-            pg_options=pg_options,
-        )  # fmt: skip
-        res = train(rank, world, **kwargs)
-        dist.destroy_process_group()
-        out.put((rank, res))
-    except BaseException:  # noqa: BLE001 - shown by the parent
-        out.put((rank, traceback.format_exc()))
+def _train_entry(rank, world, kwargs):
+    return train(rank, world, **kwargs)
 
 
 def launch(backend, cfg, world=2, timeout=600, **kwargs):
     """Spawn `world` ranks running train(); return their results by rank."""
-    ctx = torch.multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    init_file = os.path.join(tempfile.mkdtemp(prefix="qcomm-ddp-"), "store")
-    procs = [
-        ctx.Process(target=_entry, args=(r, world, init_file, backend, cfg, kwargs, out))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in range(world):
-            rank, res = out.get(timeout=timeout)
-            if isinstance(res, str):
-                raise RuntimeError(f"rank {rank} failed:\n{res}")
-            results[rank] = res
-    except queue.Empty:
-        raise RuntimeError("a rank did not answer in time") from None
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    return [results[r] for r in range(world)]
+    import qcomm
+    from qcomm.spawn import run_ranks
+
+    pg_options = qcomm.QuantConfig(min_bytes=0, **cfg) if cfg is not None else None
+    return run_ranks(
+        _train_entry, world, kwargs, backend=backend, pg_options=pg_options, timeout=timeout
+    )
 
 
 def plot(curves: dict, path: str) -> None:

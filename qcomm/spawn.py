@@ -1,0 +1,95 @@
+"""Run a function on W spawned CPU ranks of a qnccl (or other) process group; collect the results.
+
+Used by the tests, the benchmarks and the examples.
+
+Each rank is its own process (torch.multiprocessing, spawn), joined through a file:// store in a
+fresh temporary folder; every exit code is checked, and a rank that raises fails the caller with
+its traceback. A run that outlives `timeout` seconds is killed and reported as a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import traceback
+
+import torch.multiprocessing as mp
+
+
+def _entry(fn, rank, world, init_file, backend, pg_options, threads, args, out):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    try:
+        import qcomm  # noqa: F401  (registers qnccl)
+
+        if backend is not None:
+            dist.init_process_group(
+                backend,
+                init_method=f"file://{init_file}",
+                rank=rank,
+                world_size=world,
+                pg_options=pg_options,
+            )
+        result = fn(rank, world, *args)
+        if backend is not None and dist.is_initialized():
+            dist.destroy_process_group()
+        out.put((rank, "ok", result))
+    except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
+        out.put((rank, "error", traceback.format_exc()))
+        raise SystemExit(1) from None
+
+
+def run_ranks(fn, world, *args, backend="qnccl", pg_options=None, timeout=180, threads=1, env=None):
+    """Run fn(rank, world, *args) on `world` ranks; return the list of results by rank."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    tmp = tempfile.mkdtemp(prefix="qcomm-test-")
+    init_file = os.path.join(tmp, "store")
+    saved = {}
+    for k, v in (env or {}).items():
+        saved[k] = os.environ.get(k)
+        os.environ[k] = v
+    try:
+        procs = [
+            ctx.Process(
+                target=_entry,
+                args=(fn, r, world, init_file, backend, pg_options, threads, args, out),
+            )
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    results, errors = {}, []
+    try:
+        for _ in range(world):
+            try:
+                rank, status, payload = out.get(timeout=timeout)
+            except queue.Empty:
+                errors.append(f"timeout: no answer from some rank within {timeout} s (hang?)")
+                break
+            if status == "ok":
+                results[rank] = payload
+            else:
+                errors.append(f"rank {rank} raised:\n{payload}")
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=30 if not errors else 5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    codes = [p.exitcode for p in procs]
+    if errors:
+        raise AssertionError("\n".join(errors) + f"\nexit codes: {codes}")
+    if any(c != 0 for c in codes):
+        raise AssertionError(f"a rank exited abnormally: exit codes {codes}")
+    return [results[r] for r in range(world)]
