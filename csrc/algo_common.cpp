@@ -15,7 +15,8 @@ void gatherPhase(const Plan& plan, Transport& t, float* ownSum, void* data) {
   const int64_t slot = alignUp16(encodedBytes(plan.chunkElems, plan.ag));
   at::Tensor send = byteBuffer(slot);
   at::Tensor recv = byteBuffer(slot * world);
-  encodeBlock(ownSum, kFloat32, own.len, plan.ag, send.data_ptr<uint8_t>());
+  encodeBlock(ownSum, kFloat32, own.len, plan.ag, send.data_ptr<uint8_t>(),
+              agNoise(plan, t.rank(), own.begin));
   t.allGather(recv, send, "all-gather of the gather phase");
   const uint8_t* base = recv.data_ptr<uint8_t>();
   std::vector<float> scratch;

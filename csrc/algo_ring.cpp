@@ -47,16 +47,18 @@ void runRing(const Plan& plan, Transport& t, void* data) {
       recvs[u] = t.irecv(recvSlices[u], prev, int(u));
     }
   }
-  auto sendUnit = [&](int s, int k, const void* src, int32_t srcDtype, int64_t len) {
+  auto sendUnit = [&](int s, int k, const void* src, int32_t srcDtype, ChunkRange sh) {
+    const int64_t len = sh.len;
     const int64_t u = unit(s, k);
     at::Tensor slice = sendBuf.narrow(0, u * unitBytes, encodedBytes(len, plan.rs));
-    encodeBlock(src, srcDtype, len, plan.rs, slice.data_ptr<uint8_t>());
+    encodeBlock(src, srcDtype, len, plan.rs, slice.data_ptr<uint8_t>(),
+                rsNoise(plan, rank, sh.begin));
     sendSlices.push_back(slice);
     sends.push_back(t.isend(slice, next, int(u)));
   };
   for (int k = 0; k < shards; ++k) {
     const ChunkRange sh = plan.shard(sendChunk(0), k);
-    if (sh.len > 0) sendUnit(0, k, elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len);
+    if (sh.len > 0) sendUnit(0, k, elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh);
   }
 
   // The partial sum of the chunk being reduced at this step, shard by shard; after the last step,
@@ -77,13 +79,13 @@ void runRing(const Plan& plan, Transport& t, void* data) {
       if (inPlace) {
         float* p = static_cast<float*>(data) + sh.begin;
         decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, true);
-        if (s + 1 < steps) sendUnit(s + 1, k, p, kFloat32, sh.len);
+        if (s + 1 < steps) sendUnit(s + 1, k, p, kFloat32, sh);
         continue;
       }
       float* p = partial.data() + (sh.begin - chunkBegin);
       decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, false);
       addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, p);
-      if (s + 1 < steps) sendUnit(s + 1, k, p, kFloat32, sh.len);
+      if (s + 1 < steps) sendUnit(s + 1, k, p, kFloat32, sh);
     }
   }
   for (size_t i = 0; i < sends.size(); ++i) {

@@ -72,10 +72,12 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
       }
     }
   }
-  auto sendUnit = [&](int d, int s, int k, const void* src, int32_t srcDtype, int64_t len) {
+  auto sendUnit = [&](int d, int s, int k, const void* src, int32_t srcDtype, ChunkRange sh) {
+    const int64_t len = sh.len;
     const int64_t u = unit(d, s, k);
     at::Tensor slice = sendBuf.narrow(0, u * unitBytes, encodedBytes(len, plan.rs));
-    encodeBlock(src, srcDtype, len, plan.rs, slice.data_ptr<uint8_t>());
+    encodeBlock(src, srcDtype, len, plan.rs, slice.data_ptr<uint8_t>(),
+                rsNoise(plan, rank, sh.begin));
     sendSlices.push_back(slice);
     sends.push_back(t.isend(slice, dirs[d].sendPeer, int(u)));
   };
@@ -83,7 +85,7 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
     if (dirs[d].steps == 0) continue;
     for (int k = 0; k < shards; ++k) {
       const ChunkRange sh = plan.shard(sendChunk(d, 0), k);
-      if (sh.len > 0) sendUnit(d, 0, k, elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len);
+      if (sh.len > 0) sendUnit(d, 0, k, elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh);
     }
   }
 
@@ -112,14 +114,14 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
         if (inPlace) {
           float* p = static_cast<float*>(data) + sh.begin;
           decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, true);
-          if (!owner) sendUnit(d, ds + 1, k, p, kFloat32, sh.len);
+          if (!owner) sendUnit(d, ds + 1, k, p, kFloat32, sh);
           continue;
         }
         float* p = partial[d].data() + (sh.begin - plan.chunk(c).begin);
         decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, false);
         if (owner) continue;  // both halves are combined below, in a fixed order
         addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, p);
-        sendUnit(d, ds + 1, k, p, kFloat32, sh.len);
+        sendUnit(d, ds + 1, k, p, kFloat32, sh);
       }
     }
   }

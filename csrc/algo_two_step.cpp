@@ -78,7 +78,7 @@ void runTwoStep(const Plan& plan, Transport& t, void* data) {
       const ChunkRange sh = plan.shard(c, k);
       if (sh.len == 0) continue;
       encodeBlock(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, plan.rs,
-                  rsSendBase + unit(c, k) * rsUnit);
+                  rsSendBase + unit(c, k) * rsUnit, rsNoise(plan, rank, sh.begin));
       if (c != rank) sendFrom(rsSend, unit(c, k) * rsUnit, encodedBytes(sh.len, plan.rs), c, k);
     }
   }
@@ -103,7 +103,7 @@ void runTwoStep(const Plan& plan, Transport& t, void* data) {
     }
     divideByWorld(plan, sum, sh.len);
     uint8_t* enc = agSendBase + int64_t(k) * agUnit;
-    encodeBlock(sum, kFloat32, sh.len, plan.ag, enc);
+    encodeBlock(sum, kFloat32, sh.len, plan.ag, enc, agNoise(plan, rank, sh.begin));
     for (int off = 1; off < world; ++off) {
       sendFrom(agSend, int64_t(k) * agUnit, encodedBytes(sh.len, plan.ag), (rank + off) % world,
                shards + k);

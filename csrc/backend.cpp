@@ -104,8 +104,9 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
   if (tensors.size() != 1) return passThroughAllreduce(tensors, opts);
   at::Tensor& t = tensors[0];
   pick(t, "allreduce");  // device checks
-  const Plan plan = planFor(t, opts.reduceOp);
+  Plan plan = planFor(t, opts.reduceOp);
   if (!plan.quantize || t.is_cuda()) return passThroughAllreduce(tensors, opts);
+  plan.callSeq = callSeq_++;
 
   const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
   runQuantizedCpu(plan, t, timeout);

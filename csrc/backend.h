@@ -37,6 +37,8 @@ class QncclBackend : public c10d::Backend {
   QuantConfig getConfig() const;
   const Stats& stats() const { return stats_; }
   void resetStats();
+  // The sequence number the next quantized allreduce will carry (it seeds stochastic rounding).
+  uint32_t nextCallSeq() const { return callSeq_; }
   // The plan an allreduce of this tensor would take now (for tests and diagnostics).
   Plan planFor(const at::Tensor& t, c10d::ReduceOp op) const;
   c10::intrusive_ptr<c10d::Backend> inner(bool cuda) const { return cuda ? nccl_ : gloo_; }
@@ -121,6 +123,7 @@ class QncclBackend : public c10d::Backend {
   QuantConfig config_;
   Stats stats_;
   std::atomic<bool> shutDown_{false};
+  std::atomic<uint32_t> callSeq_{0};  // quantized allreduces issued here (seeds the rounding noise)
 };
 
 }  // namespace qcomm

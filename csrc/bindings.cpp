@@ -47,12 +47,16 @@ CodecSpec makeSpec(int bits, int groupSize, bool symmetric, at::ScalarType raw) 
 }
 
 // Encode a 1-D CPU tensor with one codec: returns the wire bytes.
-at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmetric) {
+at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmetric,
+                       py::object noiseSalt, int64_t noiseBase) {
   TORCH_CHECK_VALUE(x.device().is_cpu(), "[qcomm] codec: CPU tensors only");
   at::Tensor c = x.contiguous().view({-1});
   const CodecSpec spec = makeSpec(bits, groupSize, symmetric, c.scalar_type());
   at::Tensor out = at::zeros({encodedBytes(c.numel(), spec)}, at::kByte);
-  encodeBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec, out.data_ptr<uint8_t>());
+  const Noise noise{noiseSalt.is_none() ? 0u : noiseSalt.cast<uint32_t>(), noiseBase,
+                    noiseSalt.is_none() ? 0 : 1};
+  encodeBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec, out.data_ptr<uint8_t>(),
+              noise);
   return out;
 }
 
@@ -84,7 +88,7 @@ at::Tensor castToFloatT(const at::Tensor& x) {
 }
 
 QuantConfig configFromArgs(int algorithm, int rsBits, int agBits, int groupSize, bool symmetric,
-                           int64_t minBytes, int microshards, bool rotate) {
+                           int64_t minBytes, int microshards, bool rotate, bool stochastic) {
   QuantConfig c;
   c.algorithm = algorithm;
   c.rsBits = rsBits;
@@ -94,6 +98,7 @@ QuantConfig configFromArgs(int algorithm, int rsBits, int agBits, int groupSize,
   c.minBytes = minBytes;
   c.microshards = microshards;
   c.rotate = rotate;
+  c.stochasticRounding = stochastic;
   validateConfig(c);
   return c;
 }
@@ -108,6 +113,7 @@ py::dict configToDict(const QuantConfig& c) {
   d["min_bytes"] = c.minBytes;
   d["microshards"] = c.microshards;
   d["rotate"] = c.rotate;
+  d["stochastic_rounding"] = c.stochasticRounding;
   return d;
 }
 
@@ -131,7 +137,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              QuantConfig c =
                  configFromArgs(cfg[0].cast<int>(), cfg[1].cast<int>(), cfg[2].cast<int>(),
                                 cfg[3].cast<int>(), cfg[4].cast<bool>(), cfg[5].cast<int64_t>(),
-                                cfg[6].cast<int>(), cfg[7].cast<bool>());
+                                cfg[6].cast<int>(), cfg[7].cast<bool>(), cfg[8].cast<bool>());
              return c10::make_intrusive<QncclBackend>(rank, size, timeout, asBackend(gloo),
                                                       asBackend(nccl), c);
            }),
@@ -143,7 +149,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             b.setConfig(configFromArgs(cfg[0].cast<int>(), cfg[1].cast<int>(), cfg[2].cast<int>(),
                                        cfg[3].cast<int>(), cfg[4].cast<bool>(),
                                        cfg[5].cast<int64_t>(), cfg[6].cast<int>(),
-                                       cfg[7].cast<bool>()));
+                                       cfg[7].cast<bool>(), cfg[8].cast<bool>()));
           },
           py::arg("config"))
       .def("get_config", [](const QncclBackend& b) { return configToDict(b.getConfig()); })
@@ -154,6 +160,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              d["passthrough_calls"] = b.stats().passthroughCalls.load();
              d["input_bytes"] = b.stats().inputBytes.load();
              d["wire_bytes"] = b.stats().wireBytes.load();
+             d["next_call_seq"] = b.nextCallSeq();
              return d;
            })
       .def("reset_stats", &QncclBackend::resetStats)
@@ -170,13 +177,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             d["chunk_elems"] = p.chunkElems;
             d["microshards"] = p.microshards;
             d["rotate"] = p.rotate;
+            d["stochastic_rounding"] = p.stochastic;
             d["shard_elems"] = p.shardElems;
             return d;
           },
           py::arg("tensor"), py::arg("op"));
 
   m.def("codec_encode", &codecEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
-        py::arg("symmetric"));
+        py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
+  m.def("noise_salt", &noiseSalt, py::arg("call_seq"), py::arg("rank"), py::arg("phase"));
   m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
         py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat);
   m.def("cast_from_float", &castFloat, py::arg("x"), py::arg("dtype"));

@@ -26,6 +26,7 @@
 // A phase set to "none" (bits = 0) ships the elements raw, in the input dtype.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 
 #if defined(__CUDACC__)
@@ -262,6 +263,52 @@ QCOMM_HD uint32_t quantizeScaled(float v, const GroupParams& p) {
   return uint32_t(int(roundHalfEven(t)));
 }
 
+// ---- stochastic rounding (QuantConfig.stochastic_rounding) ----
+//
+// Instead of rounding t to the nearest code, round down after adding u ~ U[0, 1): E[code] = t, so
+// the quantization error has mean zero (what gradient traffic wants). u comes from a counter-based
+// hash of (salt, element index), so the CPU loops and a CUDA kernel draw the same u for the same
+// element, in any order. The salt names the call, the encoding rank and the phase.
+struct Noise {
+  uint32_t salt;
+  int64_t base;  // absolute index of the block's first element in the message
+  int32_t on;
+};
+
+// A 32-bit integer mixer (the "lowbias32" finaliser of Chris Wellons' hash prospector).
+QCOMM_HD uint32_t hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+QCOMM_HD uint32_t noiseSalt(uint32_t callSeq, int rank, int phase) {
+  return hash32(hash32(callSeq) ^ (uint32_t(rank) * 2u + uint32_t(phase) + 0x9e3779b9u));
+}
+
+// u in [0, 1) with 24 random bits (exact in fp32) for element `idx` of the block.
+QCOMM_HD float noiseAt(const Noise& nz, int64_t idx) {
+  const uint64_t i = uint64_t(nz.base + idx);
+  const uint32_t h = hash32(hash32(uint32_t(i)) ^ uint32_t(i >> 32) ^ nz.salt);
+  return float(h >> 8) * 5.9604644775390625e-8f;
+}
+
+// quantizeScaled with stochastic rounding: floor(t + u), kept in range (t + u can round up to
+// the code past the last one when t sits at the top of the range).
+template <int kBits, bool kSym>
+QCOMM_HD uint32_t quantizeStochastic(float v, const GroupParams& p, float u) {
+  const float lo = kSym ? -qmaxSym(kBits) : 0.0f;
+  const float hi = kSym ? qmaxSym(kBits) : levelsAsym(kBits);
+  float t = kSym ? v / p.scale : (v - p.mid) / p.scale + levelsAsym(kBits) * 0.5f;
+  t = t < lo ? lo : (t > hi ? hi : t);
+  float q = floorf(t + u);
+  q = q > hi ? hi : q;
+  return uint32_t(int(q)) & (kBits == 8 ? 0xffu : 0xfu);
+}
+
 // The code of every element of a group whose scale is 0 (all elements equal): 0, or L/2 rounded
 // to even (128 or 8), both of which decode to exactly mid.
 template <int kBits, bool kSym>
@@ -318,7 +365,8 @@ QCOMM_HD int groupLength(int64_t n, const CodecSpec& c, int64_t g) {
 // cases (non-finite, constant, general) are decided once per group so that the general loop is
 // branch-free and vectorizes.
 template <int kBits, bool kSym, class T>
-QCOMM_HD void encodeGroupT(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block) {
+QCOMM_HD void encodeGroupT(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block,
+                           const Noise& noise) {
   const int64_t begin = g * c.groupSize;
   const int len = groupLength(n, c, g);
   const GroupParams p = groupParams(x + begin, len, kBits, kSym);
@@ -332,6 +380,13 @@ QCOMM_HD void encodeGroupT(const T* x, int64_t n, const CodecSpec& c, int64_t g,
       for (int i = 0; i < len; ++i) out[i] = code;
       return;
     }
+    if (noise.on) {
+      for (int i = 0; i < len; ++i) {
+        const float u = noiseAt(noise, begin + i);
+        out[i] = uint8_t(quantizeStochastic<8, kSym>(toFloat(in[i]), p, u));
+      }
+      return;
+    }
     for (int i = 0; i < len; ++i) out[i] = uint8_t(quantizeScaled<8, kSym>(toFloat(in[i]), p));
     return;
   }
@@ -342,6 +397,13 @@ QCOMM_HD void encodeGroupT(const T* x, int64_t n, const CodecSpec& c, int64_t g,
     const uint32_t code = paramsFinite(p) ? zeroScaleCode<4, kSym>() : 0u;
     for (int i = 0; i < pairs; ++i) out[i] = uint8_t(code | (code << 4));
     if (len & 1) out[pairs] = uint8_t(code);
+    return;
+  }
+  if (noise.on) {
+    for (int i = 0; i < len; ++i) {
+      const uint32_t q = quantizeStochastic<4, kSym>(toFloat(in[i]), p, noiseAt(noise, begin + i));
+      out[i / 2] = (i & 1) ? uint8_t(out[i / 2] | (q << 4)) : uint8_t(q);
+    }
     return;
   }
   for (int i = 0; i < pairs; ++i) {
@@ -406,17 +468,18 @@ QCOMM_HD void hadamardGroup(float* x, int g) {
 
 // Run-time dispatch to the four (bits, symmetric) instantiations.
 template <class T>
-QCOMM_HD void encodeGroup(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block) {
+QCOMM_HD void encodeGroup(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block,
+                          const Noise& noise) {
   if (c.bits == 8) {
     if (c.symmetric)
-      encodeGroupT<8, true>(x, n, c, g, block);
+      encodeGroupT<8, true>(x, n, c, g, block, noise);
     else
-      encodeGroupT<8, false>(x, n, c, g, block);
+      encodeGroupT<8, false>(x, n, c, g, block, noise);
   } else {
     if (c.symmetric)
-      encodeGroupT<4, true>(x, n, c, g, block);
+      encodeGroupT<4, true>(x, n, c, g, block, noise);
     else
-      encodeGroupT<4, false>(x, n, c, g, block);
+      encodeGroupT<4, false>(x, n, c, g, block, noise);
   }
 }
 

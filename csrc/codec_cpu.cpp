@@ -27,7 +27,7 @@ void forElems(int64_t n, F&& f) {
 }
 
 template <class T>
-void encodeTyped(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst) {
+void encodeTyped(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const Noise& noise) {
   if (c.bits == 0) {
     switch (c.rawDtype) {
       case kFloat32:
@@ -53,7 +53,7 @@ void encodeTyped(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst) {
   // The padding between metadata and data is zeroed so the wire bytes are fully determined.
   const int64_t meta = metaBytes(n, c);
   std::memset(dst + meta, 0, size_t(dataOffset(n, c) - meta));
-  forGroups(numGroups(n, c), [&](int64_t g) { encodeGroup(x, n, c, g, dst); });
+  forGroups(numGroups(n, c), [&](int64_t g) { encodeGroup(x, n, c, g, dst, noise); });
 }
 
 template <class T>
@@ -82,17 +82,18 @@ void toFloatDispatch(const void* x, int32_t dtype, int64_t n, float* out, bool a
 
 }  // namespace
 
-void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst) {
+void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
+                 const Noise& noise) {
   if (n == 0) return;
   switch (dtype) {
     case kFloat32:
-      encodeTyped(static_cast<const float*>(x), n, c, dst);
+      encodeTyped(static_cast<const float*>(x), n, c, dst, noise);
       break;
     case kFloat16:
-      encodeTyped(static_cast<const fp16_t*>(x), n, c, dst);
+      encodeTyped(static_cast<const fp16_t*>(x), n, c, dst, noise);
       break;
     default:
-      encodeTyped(static_cast<const bf16_t*>(x), n, c, dst);
+      encodeTyped(static_cast<const bf16_t*>(x), n, c, dst, noise);
   }
 }
 
@@ -140,7 +141,7 @@ void rotateInverse(float* y, int64_t paddedN, int groupSize) {
 
 void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) {
   CodecSpec raw{0, 32, 1, dtype};
-  encodeTyped(x, n, raw, static_cast<uint8_t*>(out));
+  encodeTyped(x, n, raw, static_cast<uint8_t*>(out), Noise{0, 0, 0});
 }
 
 }  // namespace qcomm

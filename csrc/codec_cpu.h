@@ -9,7 +9,9 @@ namespace qcomm {
 
 // Encode x[0..n) (elements of `dtype`) into dst, which holds encodedBytes(n, c) bytes. With
 // c.bits == 0 the elements are stored raw in c.rawDtype (converted, rounding to nearest even).
-void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst);
+// With noise.on, codes are rounded stochastically (codec.h quantizeStochastic).
+void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
+                 const Noise& noise = Noise{0, 0, 0});
 
 // Decode an encoded block of n elements into fp32: out = x^ (or out += x^ with accumulate).
 void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, bool accumulate);

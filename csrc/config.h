@@ -18,6 +18,7 @@ struct QuantConfig {
   int64_t minBytes = 1 << 20;
   int32_t microshards = 4;
   bool rotate = false;  // Hadamard-rotate each group before quantizing (codec.h hadamardGroup)
+  bool stochasticRounding = false;  // round codes stochastically (codec.h quantizeStochastic)
 };
 
 // Throws c10::ValueError naming the knob, the value given and what is allowed.

@@ -43,6 +43,7 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg) {
 
   p.quantize = true;
   p.userNumel = f.numel;
+  p.stochastic = cfg.stochasticRounding;
   p.userDtype = f.dtype;
   if (cfg.rotate) {
     // the rotated message: whole groups, fp32 (a phase set to none ships fp32 here)
@@ -67,7 +68,7 @@ namespace {
 constexpr int64_t kHeaderMagic = 0x71636f6d6d31;  // "qcomm1"
 const char* const kHeaderNames[PlanHeader::kFields] = {
     "header",  "numel",      "dtype",     "op",          "algorithm", "rs_bits",
-    "ag_bits", "group_size", "symmetric", "microshards", "rotate"};
+    "ag_bits", "group_size", "symmetric", "microshards", "rotate",    "stochastic_rounding"};
 
 std::string fieldValue(int field, int64_t v) {
   switch (field) {
@@ -82,6 +83,7 @@ std::string fieldValue(int field, int64_t v) {
       return v == 0 ? "none" : std::to_string(v);
     case 8:
     case 10:
+    case 11:
       return v ? "true" : "false";
     default:
       return std::to_string(v);
@@ -92,7 +94,7 @@ std::string fieldValue(int field, int64_t v) {
 PlanHeader headerOf(const Plan& p) {
   return PlanHeader{{kHeaderMagic, p.userNumel, p.userDtype, p.average ? 1 : 0, p.algorithm,
                      p.rs.bits, p.ag.bits, p.rs.groupSize, p.rs.symmetric, p.microshards,
-                     p.rotate ? 1 : 0}};
+                     p.rotate ? 1 : 0, p.stochastic ? 1 : 0}};
 }
 
 std::string describeMismatch(const std::vector<PlanHeader>& headers) {

@@ -36,6 +36,10 @@ struct Plan {
   // Rotation: the algorithm runs on the fp32 rotated message of `numel` (the user's element count
   // rounded up to whole groups); userNumel and userDtype describe the caller's tensor.
   bool rotate = false;
+  // Stochastic rounding, and the call's sequence number on this group (counted alike on every
+  // rank; it seeds the rounding noise, set by the backend).
+  bool stochastic = false;
+  uint32_t callSeq = 0;
   int64_t userNumel = 0;
   int32_t userDtype = kFloat32;
 
@@ -59,7 +63,7 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg);
 // made from. Ranks exchange these few bytes first, so a mismatch (a different numel, dtype, op or
 // config on some rank) becomes a clear error on every rank instead of a hang or wrong numbers.
 struct PlanHeader {
-  static constexpr int kFields = 11;
+  static constexpr int kFields = 12;
   int64_t field[kFields];
 };
 

@@ -94,7 +94,8 @@ def get_config(group=None) -> QuantConfig:
 def stats(group=None) -> dict:
     """Counters of this rank for `group`: quantized_calls, passthrough_calls (every collective that
     went to the inner backend), input_bytes and wire_bytes (bytes this rank sent) of the quantized
-    allreduces, and their ratio compression."""
+    allreduces, and their ratio compression; next_call_seq, the number the next quantized
+    allreduce will carry (it seeds stochastic rounding; it is not reset)."""
     s = dict(backend_of(group).stats())
     s["compression"] = s["input_bytes"] / s["wire_bytes"] if s["wire_bytes"] else None
     return s

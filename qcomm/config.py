@@ -24,6 +24,7 @@ ENV_VARS = {
     "QCOMM_MIN_BYTES": "min_bytes",
     "QCOMM_MICROSHARDS": "microshards",
     "QCOMM_ROTATE": "rotate",
+    "QCOMM_STOCHASTIC_ROUNDING": "stochastic_rounding",
 }
 
 Bits = Optional[int]
@@ -45,6 +46,8 @@ class QuantConfig:
     rotate: Hadamard-rotate each group before quantizing (and rotate back after): spreads outlier
         channels over their group, which matters most at 4 bits. Costs two fast transforms per
         element and an fp32 copy of the message.
+    stochastic_rounding: round each code down after adding uniform noise, so the quantization
+        error has mean zero over calls (for gradient traffic); still identical on every rank.
     """
 
     algorithm: str = "auto"
@@ -55,6 +58,7 @@ class QuantConfig:
     min_bytes: int = 1 << 20
     microshards: int = 4
     rotate: bool = False
+    stochastic_rounding: bool = False
 
     def __post_init__(self) -> None:
         validate(self)
@@ -73,6 +77,7 @@ class QuantConfig:
             int(self.min_bytes),
             int(self.microshards),
             bool(self.rotate),
+            bool(self.stochastic_rounding),
         )
 
     @classmethod
@@ -87,6 +92,7 @@ class QuantConfig:
             min_bytes=d["min_bytes"],
             microshards=d["microshards"],
             rotate=bool(d["rotate"]),
+            stochastic_rounding=bool(d["stochastic_rounding"]),
         )
 
 
@@ -114,6 +120,8 @@ def validate(cfg: QuantConfig) -> None:
         raise _bad("microshards", s, "an integer from 1 to 64")
     if not isinstance(cfg.rotate, bool):
         raise _bad("rotate", cfg.rotate, "True or False")
+    if not isinstance(cfg.stochastic_rounding, bool):
+        raise _bad("stochastic_rounding", cfg.stochastic_rounding, "True or False")
 
 
 def _parse_env(var: str, raw: str):
@@ -128,7 +136,7 @@ def _parse_env(var: str, raw: str):
             return int(text)
         except ValueError:
             raise ValueError(f"qcomm: invalid {var}={raw!r}; allowed: 4, 8 or none") from None
-    if field in ("symmetric", "rotate"):
+    if field in ("symmetric", "rotate", "stochastic_rounding"):
         low = text.lower()
         if low in ("1", "true", "yes", "on"):
             return True

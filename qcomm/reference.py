@@ -84,8 +84,42 @@ def group_params(x32: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tenso
     return scale, mid
 
 
-def quantize(x32: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Codes (int32, as stored before packing: symmetric codes are signed), scale, mid."""
+# ---- stochastic rounding noise (csrc/codec.h Noise, hash32, noiseSalt, noiseAt) ----
+
+_M32 = 0xFFFFFFFF
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on int64 tensors holding uint32 values (products wrap mod 2^64; the low 32 bits
+    are what the C++ keeps)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def _hash32_int(x: int) -> int:
+    return int(_hash32(torch.tensor([x & _M32], dtype=torch.int64))[0])
+
+
+def noise_salt(call_seq: int, rank: int, phase: int) -> int:
+    """The salt of `rank`'s encodes in `phase` (0 reduce, 1 gather) of call number `call_seq`."""
+    return _hash32_int(_hash32_int(call_seq) ^ ((rank * 2 + phase + 0x9E3779B9) & _M32))
+
+
+def noise(salt: int, base: int, n: int) -> torch.Tensor:
+    """u in [0, 1) (fp32, 24 random bits) for elements base..base+n-1 of the message."""
+    i = torch.arange(base, base + n, dtype=torch.int64)
+    h = _hash32(_hash32(i & _M32) ^ (i >> 32) ^ salt)
+    return (h >> 8).to(F32) * 2.0**-24
+
+
+def quantize(
+    x32: torch.Tensor, c: Codec, noise_at: Optional[Tuple[int, int]] = None
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes (int32, as stored before packing: symmetric codes are signed), scale, mid. With
+    noise_at = (salt, base), codes are rounded stochastically: floor(t + u)."""
     scale, mid = group_params(x32, c)
     n = x32.numel()
     s = scale.repeat_interleave(c.group_size)[:n]
@@ -100,7 +134,15 @@ def quantize(x32: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tensor, t
         t = t.clamp(0.0, c.levels)
     # a non-finite group stores code 0 everywhere; its NaN scale carries the verdict
     finite = ~torch.isnan(s)
-    q = torch.where(finite, torch.round(t), torch.zeros_like(t)).to(torch.int32)
+    if noise_at is None:
+        r = torch.round(t)
+    else:
+        hi = c.qmax if c.symmetric else c.levels
+        r = torch.floor(t + noise(noise_at[0], noise_at[1], n)).clamp(max=hi)
+        # groups whose scale is 0 keep their constant code
+        const = torch.tensor(0.0 if c.symmetric else float(round(c.levels * 0.5)), dtype=F32)
+        r = torch.where(nonzero, r, const.expand_as(r))
+    q = torch.where(finite, r, torch.zeros_like(t)).to(torch.int32)
     return q, scale, mid
 
 
@@ -122,7 +164,9 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, mid: torch.Tensor, c: Codec
     return _clamp_finite(m + (q.to(F32) - c.levels * 0.5) * s)
 
 
-def encode_bytes(x: torch.Tensor, c: Codec) -> torch.Tensor:
+def encode_bytes(
+    x: torch.Tensor, c: Codec, noise_at: Optional[Tuple[int, int]] = None
+) -> torch.Tensor:
     """The wire bytes of x (any of fp32/fp16/bf16), laid out as csrc/codec.h documents."""
     if c.bits == 0:
         return x.to(c.raw_dtype).contiguous().view(torch.uint8).flatten()
@@ -130,7 +174,7 @@ def encode_bytes(x: torch.Tensor, c: Codec) -> torch.Tensor:
     n = x32.numel()
     if n == 0:
         return torch.zeros(0, dtype=torch.uint8)
-    q, scale, mid = quantize(x32, c)
+    q, scale, mid = quantize(x32, c, noise_at)
     meta = [scale] if c.symmetric else [scale, mid]
     meta_b = torch.cat([m.contiguous().view(torch.uint8) for m in meta])
     pad = (-meta_b.numel()) % 16
@@ -144,13 +188,16 @@ def encode_bytes(x: torch.Tensor, c: Codec) -> torch.Tensor:
     return torch.cat([meta_b, torch.zeros(pad, dtype=torch.uint8), data])
 
 
-def roundtrip(x: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tensor]:
-    """x^ (fp32) after one encode/decode with codec c, and the float64 bound on |x - x^|."""
+def roundtrip(
+    x: torch.Tensor, c: Codec, noise_at: Optional[Tuple[int, int]] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """x^ (fp32) after one encode/decode with codec c, and the float64 bound on |x - x^| (a whole
+    step instead of half of one with stochastic rounding)."""
     x32 = x.to(F32).flatten()
     if c.bits == 0:
         y = x32.to(c.raw_dtype).to(F32)
         return y, cast_bound(x32.to(F64), c.raw_dtype)
-    q, scale, mid = quantize(x32, c)
+    q, scale, mid = quantize(x32, c, noise_at)
     y = dequantize(q, scale, mid, c)
     n = x32.numel()
     s = scale.repeat_interleave(c.group_size)[:n].to(F64)
@@ -160,7 +207,8 @@ def roundtrip(x: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tensor]:
     # 2^-10 * scale covers the clamp at the ends (scale itself is rounded); 2^-140 covers groups
     # whose scale is subnormal.
     half_range = (c.qmax if c.symmetric else c.levels * 0.5) * s
-    bound = 0.5 * s * (1 + 2.0**-10) + 2.0**-21 * (x32.abs().to(F64) + m.abs() + half_range)
+    steps = 0.5 if noise_at is None else 1.0
+    bound = steps * s * (1 + 2.0**-10) + 2.0**-21 * (x32.abs().to(F64) + m.abs() + half_range)
     bound = bound + 2.0**-140
     return y, bound
 
@@ -244,9 +292,10 @@ class _Tracked:
         # one fp32 rounding of the sum
         return _Tracked(s, self.b + other_b + s.abs().to(F64) * 2.0**-24)
 
-    def hop(self, c: Codec) -> "_Tracked":
-        """Encode and decode with codec c (a transfer)."""
-        y, b = roundtrip(self.v, c)
+    def hop(self, c: Codec, noise_at=None) -> "_Tracked":
+        """Encode and decode with codec c (a transfer); noise_at = (salt, base) rounds
+        stochastically."""
+        y, b = roundtrip(self.v, c, noise_at)
         return _Tracked(y, self.b + b)
 
 
@@ -270,10 +319,14 @@ def allreduce(
     symmetric: bool = False,
     average: bool = False,
     rotate: bool = False,
+    stochastic_seq: Optional[int] = None,
 ) -> Result:
-    """The quantized allreduce of the per-rank 1-D tensors `xs` (all of one dtype and numel)."""
+    """The quantized allreduce of the per-rank 1-D tensors `xs` (all of one dtype and numel).
+    stochastic_seq: round stochastically, as call number `stochastic_seq` of its group does."""
     if rotate:
-        return _allreduce_rotated(xs, algorithm, rs_bits, ag_bits, group_size, symmetric, average)
+        return _allreduce_rotated(
+            xs, algorithm, rs_bits, ag_bits, group_size, symmetric, average, stochastic_seq
+        )
     world = len(xs)
     dtype = xs[0].dtype
     n = xs[0].numel()
@@ -288,31 +341,38 @@ def allreduce(
         if sl.stop <= sl.start:
             continue
         parts = [x[sl] for x in flat]
+
+        def nz(rank, phase, base=sl.start):
+            """(salt, base) of `rank`'s encode in `phase`, or None (round to nearest)."""
+            if stochastic_seq is None:
+                return None
+            return (noise_salt(stochastic_seq, rank, phase), base)
+
         if algorithm == "two_step":
-            s = _start(parts[0]).hop(rs)
+            s = _start(parts[0]).hop(rs, nz(0, 0))
             for r in range(1, world):
-                h = _start(parts[r]).hop(rs)
+                h = _start(parts[r]).hop(rs, nz(r, 0))
                 s = s.add(h.v, h.b)
         elif algorithm == "ring":
             # chunk c starts at rank c+1 and travels c+2, ..., ending at its owner c
             r0 = (c + 1) % world
             s = _start(parts[r0])
             for j in range(2, world + 1):
-                s = s.hop(rs)
+                s = s.hop(rs, nz((c + j - 1) % world, 0))
                 s = s.add(parts[(c + j) % world].to(F32), 0.0)
         elif algorithm == "semi_ring":
             R, L = world // 2, (world - 1) // 2
-            right = _chain(parts, [(c + d) % world for d in range(R, 0, -1)], rs)
+            right = _chain(parts, [(c + d) % world for d in range(R, 0, -1)], rs, nz)
             s = right.add(parts[c].to(F32), 0.0)
             if L > 0:
-                left = _chain(parts, [(c - d) % world for d in range(L, 0, -1)], rs)
+                left = _chain(parts, [(c - d) % world for d in range(L, 0, -1)], rs, nz)
                 s = s.add(left.v, left.b)
         else:
             raise ValueError(f"unknown algorithm {algorithm!r}")
         if average:
             v = s.v / float(world)
             s = _Tracked(v, s.b / world + v.abs().to(F64) * 2.0**-24)
-        g = s.hop(ag)
+        g = s.hop(ag, nz(c, 1))
         o = g.v.to(dtype)
         out[sl] = o
         bound[sl] = g.b + cast_bound(g.v.to(F64), dtype)
@@ -323,7 +383,7 @@ def allreduce(
     return Result(out, bound, exact)
 
 
-def _allreduce_rotated(xs, algorithm, rs_bits, ag_bits, g, symmetric, average) -> Result:
+def _allreduce_rotated(xs, algorithm, rs_bits, ag_bits, g, symmetric, average, seq) -> Result:
     """rotate=True: each rank rotates its input (fp32, padded to whole groups), the allreduce runs
     on the rotated fp32 messages, and every rank rotates the result back.
 
@@ -335,7 +395,7 @@ def _allreduce_rotated(xs, algorithm, rs_bits, ag_bits, g, symmetric, average) -
     flat = [x.flatten() for x in xs]
     dtype, n, world = flat[0].dtype, flat[0].numel(), len(flat)
     rot = [rotate_forward(x, g) for x in flat]
-    r = allreduce(rot, algorithm, rs_bits, ag_bits, g, symmetric, average)
+    r = allreduce(rot, algorithm, rs_bits, ag_bits, g, symmetric, average, stochastic_seq=seq)
     back = rotate_inverse(r.out, g)
     out = back[:n].to(dtype)
     exact = torch.stack([x.to(F64) for x in flat]).sum(0)
@@ -354,11 +414,11 @@ def _allreduce_rotated(xs, algorithm, rs_bits, ag_bits, g, symmetric, average) -
     return Result(out, bound, exact)
 
 
-def _chain(parts, ranks, rs: Codec) -> _Tracked:
+def _chain(parts, ranks, rs: Codec, nz) -> _Tracked:
     """A semi_ring chain: the first rank's input, then at each later rank decode + local; the
-    final transfer into the owner is included."""
+    final transfer into the owner is included. nz(rank, phase) gives the encoder's noise."""
     s = _start(parts[ranks[0]])
-    for r in ranks[1:]:
-        s = s.hop(rs)
+    for prev, r in zip(ranks[:-1], ranks[1:]):
+        s = s.hop(rs, nz(prev, 0))
         s = s.add(parts[r].to(F32), 0.0)
-    return s.hop(rs)
+    return s.hop(rs, nz(ranks[-1], 0))

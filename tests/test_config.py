@@ -89,7 +89,7 @@ def test_resolve_precedence_and_types():
 
 def test_cpp_validation_matches_python():
     # the C++ side rejects what Python rejects, even if Python's check is bypassed
-    bad = (0, 6, 8, 128, False, 0, 4, False)  # rs_bits 6
+    bad = (0, 6, 8, 128, False, 0, 4, False, False)  # rs_bits 6
     with pytest.raises(ValueError, match="rs_bits"):
         qcomm._C.QncclBackend(0, 1, __import__("datetime").timedelta(seconds=5), None, None, bad)
 
