@@ -35,6 +35,7 @@ RUNS = {
     "int8 (8/8)": ("qnccl", dict(rs_bits=8, ag_bits=8)),
     "int6 (4/8)": ("qnccl", dict(rs_bits=4, ag_bits=8)),
     "int4 (4/4)": ("qnccl", dict(rs_bits=4, ag_bits=4)),
+    "int4 stochastic (4/4)": ("qnccl", dict(rs_bits=4, ag_bits=4, stochastic_rounding=True)),
 }
 
 
