@@ -1,4 +1,4 @@
-// The gather phase shared by two_step, ring and semi_ring.
+// Helpers shared by two_step, ring and semi_ring.
 #include <ATen/ATen.h>
 
 #include "algorithms.h"
@@ -7,24 +7,6 @@
 namespace qcomm {
 
 at::Tensor byteBuffer(int64_t bytes) { return at::empty({bytes}, at::kByte); }
-
-void gatherPhase(const Plan& plan, Transport& t, float* ownSum, void* data) {
-  const int world = plan.world;
-  const ChunkRange own = plan.chunk(t.rank());
-  divideByWorld(plan, ownSum, own.len);
-  const int64_t slot = alignUp16(encodedBytes(plan.chunkElems, plan.ag));
-  at::Tensor send = byteBuffer(slot);
-  at::Tensor recv = byteBuffer(slot * world);
-  encodeBlock(ownSum, kFloat32, own.len, plan.ag, send.data_ptr<uint8_t>(),
-              agNoise(plan, t.rank(), own.begin));
-  t.allGather(recv, send, "all-gather of the gather phase");
-  const uint8_t* base = recv.data_ptr<uint8_t>();
-  std::vector<float> scratch;
-  for (int c = 0; c < world; ++c) {
-    const ChunkRange ch = plan.chunk(c);
-    decodeToOutput(plan, base + c * slot, ch, data, scratch);
-  }
-}
 
 void decodeToOutput(const Plan& plan, const uint8_t* bytes, ChunkRange range, void* data,
                     std::vector<float>& scratch) {

@@ -10,11 +10,13 @@
 // |  1   |   chunk 1    |   chunk 2    |   chunk 0    |
 // Each chunk is cut into microshards; a shard is forwarded as soon as its partial is ready, so the
 // transfer of shard k+1 overlaps the decode-add-encode of shard k. Shards are whole groups, so the
-// result does not depend on the number of shards. The gather phase is algo_common.cpp's.
+// result does not depend on the number of shards. The gather phase (gather_pipeline.h) sends each
+// shard of the own chunk as soon as the last step completes it.
 #include <ATen/ATen.h>
 
 #include "algorithms.h"
 #include "codec_cpu.h"
+#include "gather_pipeline.h"
 
 namespace qcomm {
 
@@ -30,6 +32,8 @@ void runRing(const Plan& plan, Transport& t, void* data) {
   auto recvChunk = [&](int s) { return wrapRank(rank - s - 2, world); };
   auto unit = [&](int s, int k) { return int64_t(s) * shards + k; };
 
+  // the gather phase's tags follow the reduce phase's (s * shards + k < world * shards)
+  GatherPipeline gather(plan, t, data, world * shards);
   at::Tensor sendBuf = byteBuffer(unitBytes * steps * shards);
   at::Tensor recvBuf = byteBuffer(unitBytes * steps * shards);
   std::vector<at::Tensor> recvSlices(size_t(steps * shards));
@@ -76,31 +80,25 @@ void runRing(const Plan& plan, Transport& t, void* data) {
       const int64_t u = unit(s, k);
       t.wait(recvs[u], "ring reduce-scatter step " + std::to_string(s) + " shard " +
                            std::to_string(k) + " (receive from rank " + std::to_string(prev) + ")");
+      float* p =
+          inPlace ? static_cast<float*>(data) + sh.begin : partial.data() + (sh.begin - chunkBegin);
       if (inPlace) {
-        float* p = static_cast<float*>(data) + sh.begin;
         decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, true);
-        if (s + 1 < steps) sendUnit(s + 1, k, p, kFloat32, sh);
-        continue;
+      } else {
+        decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, false);
+        addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, p);
       }
-      float* p = partial.data() + (sh.begin - chunkBegin);
-      decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, false);
-      addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, p);
-      if (s + 1 < steps) sendUnit(s + 1, k, p, kFloat32, sh);
+      if (s + 1 < steps) {
+        sendUnit(s + 1, k, p, kFloat32, sh);
+      } else {
+        gather.ownShardReady(k, p);  // the last step completes this rank's own chunk
+      }
     }
   }
   for (size_t i = 0; i < sends.size(); ++i) {
     t.wait(sends[i], "ring reduce-scatter send to rank " + std::to_string(next));
   }
-  // release the reduce phase's buffers (the Works hold their tensors too) before the gather phase
-  // allocates its own
-  recvs.clear();
-  sends.clear();
-  recvSlices.clear();
-  sendSlices.clear();
-  sendBuf = at::Tensor();
-  recvBuf = at::Tensor();
-  float* ownSum = inPlace ? static_cast<float*>(data) + plan.chunk(rank).begin : partial.data();
-  gatherPhase(plan, t, ownSum, data);
+  gather.finish();
 }
 
 }  // namespace qcomm

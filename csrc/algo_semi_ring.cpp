@@ -17,11 +17,13 @@
 // | 3 | 1 | 1 | 1 + 1                              |
 // | 4 | 2 | 1 | 2 + 1                              |
 // | 5 | 2 | 2 | 2 + 2                              |
-// Shards pipeline as in the ring (algo_ring.cpp); the gather phase is algo_common.cpp's.
+// Shards pipeline as in the ring (algo_ring.cpp); each shard of the own chunk enters the gather
+// phase (gather_pipeline.h) as soon as both halves of it are in.
 #include <ATen/ATen.h>
 
 #include "algorithms.h"
 #include "codec_cpu.h"
+#include "gather_pipeline.h"
 
 namespace qcomm {
 
@@ -54,6 +56,8 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
   const int64_t unitsPerDir = int64_t(rightSteps) * shards;
   auto unit = [&](int d, int s, int k) { return (int64_t(s) * shards + k) * 2 + d; };
 
+  // the gather phase's tags follow the reduce phase's ((s * shards + k) * 2 + d < 2 * W * shards)
+  GatherPipeline gather(plan, t, data, 2 * world * shards);
   at::Tensor sendBuf = byteBuffer(unitBytes * unitsPerDir * 2);
   at::Tensor recvBuf = byteBuffer(unitBytes * unitsPerDir * 2);
   std::vector<at::Tensor> recvSlices(size_t(unitsPerDir * 2));
@@ -98,6 +102,22 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
   if (!inPlace) {
     for (auto& p : partial) p.resize(size_t(std::max<int64_t>(plan.chunkElems, 1)));
   }
+  // Shard k of this rank's own chunk, once both halves are in: (x + right) + left, then gather.
+  auto ownShardDone = [&](int k) {
+    const ChunkRange sh = plan.shard(rank, k);
+    if (sh.len == 0) return;
+    if (inPlace) {
+      gather.ownShardReady(k, static_cast<float*>(data) + sh.begin);
+      return;
+    }
+    const int64_t off = sh.begin - plan.chunk(rank).begin;
+    float* sum = partial[0].data() + off;
+    addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, sum);
+    if (leftSteps > 0) {
+      for (int64_t i = 0; i < sh.len; ++i) sum[i] = sum[i] + partial[1][size_t(off + i)];
+    }
+    gather.ownShardReady(k, sum);
+  };
   for (int s = 0; s < rightSteps; ++s) {
     for (int k = 0; k < shards; ++k) {
       for (int d = 0; d < 2; ++d) {
@@ -123,29 +143,11 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
         addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, p);
         sendUnit(d, ds + 1, k, p, kFloat32, sh);
       }
+      if (s + 1 == rightSteps) ownShardDone(k);  // both halves of shard k have arrived
     }
   }
+  gather.finish();
   for (auto& w : sends) t.wait(w, "semi_ring reduce-scatter send");
-
-  // release the reduce phase's buffers (the Works hold their tensors too) before the gather phase
-  // allocates its own
-  recvs.clear();
-  sends.clear();
-  recvSlices.clear();
-  sendSlices.clear();
-  sendBuf = at::Tensor();
-  recvBuf = at::Tensor();
-  const ChunkRange own = plan.chunk(rank);
-  if (inPlace) {
-    gatherPhase(plan, t, static_cast<float*>(data) + own.begin, data);
-    return;
-  }
-  float* sum = partial[0].data();
-  addToFloat(elemPtr(data, plan.dtype, own.begin), plan.dtype, own.len, sum);
-  if (leftSteps > 0) {
-    for (int64_t i = 0; i < own.len; ++i) sum[i] = sum[i] + partial[1][size_t(i)];
-  }
-  gatherPhase(plan, t, sum, data);
 }
 
 }  // namespace qcomm

@@ -17,6 +17,7 @@
 
 #include "algorithms.h"
 #include "codec_cpu.h"
+#include "gather_pipeline.h"
 
 namespace qcomm {
 
@@ -25,22 +26,16 @@ void runTwoStep(const Plan& plan, Transport& t, void* data) {
   const int rank = t.rank();
   const int shards = plan.microshards;
   const int64_t rsUnit = alignUp16(encodedBytes(plan.shardElems, plan.rs));
-  const int64_t agUnit = alignUp16(encodedBytes(plan.shardElems, plan.ag));
   // Per-pair tags: reduce-phase unit k uses tag k, gather-phase unit k uses tag shards + k.
   auto unit = [&](int who, int k) { return int64_t(who) * shards + k; };
+  GatherPipeline gather(plan, t, data, shards);
 
   // rsSend[c][k]: this rank's encoded (c, k); rsRecv[j][k]: rank j's encoded (rank, k).
   at::Tensor rsSend = byteBuffer(rsUnit * world * shards);
   at::Tensor rsRecv = byteBuffer(rsUnit * world * shards);
-  // agSend[k]: this rank's encoded sum of (rank, k); agRecv[j][k]: rank j's encoded (j, k).
-  at::Tensor agSend = byteBuffer(agUnit * shards);
-  at::Tensor agRecv = byteBuffer(agUnit * world * shards);
   uint8_t* rsSendBase = rsSend.data_ptr<uint8_t>();
   uint8_t* rsRecvBase = rsRecv.data_ptr<uint8_t>();
-  uint8_t* agSendBase = agSend.data_ptr<uint8_t>();
-  uint8_t* agRecvBase = agRecv.data_ptr<uint8_t>();
   std::vector<c10::intrusive_ptr<c10d::Work>> rsRecvs(size_t(world * shards));
-  std::vector<c10::intrusive_ptr<c10d::Work>> agRecvs(size_t(world * shards));
   std::vector<c10::intrusive_ptr<c10d::Work>> sends;
   std::vector<at::Tensor> inFlight;  // slices referenced by pending works
 
@@ -63,11 +58,6 @@ void runTwoStep(const Plan& plan, Transport& t, void* data) {
         rsRecvs[unit(j, k)] =
             recvInto(rsRecv, unit(j, k) * rsUnit, encodedBytes(mine.len, plan.rs), j, k);
       }
-      const ChunkRange theirs = plan.shard(j, k);
-      if (theirs.len > 0) {
-        agRecvs[unit(j, k)] =
-            recvInto(agRecv, unit(j, k) * agUnit, encodedBytes(theirs.len, plan.ag), j, shards + k);
-      }
     }
   }
 
@@ -87,7 +77,6 @@ void runTwoStep(const Plan& plan, Transport& t, void* data) {
   //    is already encoded), others in an fp32 scratch
   const bool inPlace = plan.dtype == kFloat32;
   std::vector<float> sumScratch(inPlace ? 0 : size_t(std::max<int64_t>(plan.shardElems, 1)));
-  std::vector<float> decodeScratch;
   for (int k = 0; k < shards; ++k) {
     const ChunkRange sh = plan.shard(rank, k);
     if (sh.len == 0) continue;
@@ -101,27 +90,10 @@ void runTwoStep(const Plan& plan, Transport& t, void* data) {
       }
       decodeBlock(src, sh.len, plan.rs, sum, /*accumulate=*/j > 0);
     }
-    divideByWorld(plan, sum, sh.len);
-    uint8_t* enc = agSendBase + int64_t(k) * agUnit;
-    encodeBlock(sum, kFloat32, sh.len, plan.ag, enc, agNoise(plan, rank, sh.begin));
-    for (int off = 1; off < world; ++off) {
-      sendFrom(agSend, int64_t(k) * agUnit, encodedBytes(sh.len, plan.ag), (rank + off) % world,
-               shards + k);
-    }
-    decodeToOutput(plan, enc, sh, data, decodeScratch);
+    gather.ownShardReady(k, sum);
   }
-
   // 3. decode every other chunk as its units arrive
-  for (int k = 0; k < shards; ++k) {
-    for (int off = 1; off < world; ++off) {
-      const int j = (rank + off) % world;
-      const ChunkRange sh = plan.shard(j, k);
-      if (sh.len == 0) continue;
-      t.wait(agRecvs[unit(j, k)], "two_step gather phase, shard " + std::to_string(k) +
-                                      " from rank " + std::to_string(j));
-      decodeToOutput(plan, agRecvBase + unit(j, k) * agUnit, sh, data, decodeScratch);
-    }
-  }
+  gather.finish();
   for (auto& w : sends) t.wait(w, "two_step send");
 }
 

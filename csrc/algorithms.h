@@ -14,12 +14,6 @@ void runTwoStep(const Plan& plan, Transport& t, void* data);
 void runRing(const Plan& plan, Transport& t, void* data);
 void runSemiRing(const Plan& plan, Transport& t, void* data);
 
-// Shared tail of every algorithm: rank r holds the fp32 sum of its chunk r in `ownSum`; divide
-// for AVG, encode with the gather codec, all-gather, and decode every chunk into `data`. The
-// owner decodes its own chunk from the bytes it sent, never from its private fp32 sum, so every
-// rank ends with the same bits (DESIGN invariant 1).
-void gatherPhase(const Plan& plan, Transport& t, float* ownSum, void* data);
-
 // Decode gather-phase bytes of `range` into data (in plan.dtype; fp16/bf16 through `scratch`).
 void decodeToOutput(const Plan& plan, const uint8_t* bytes, ChunkRange range, void* data,
                     std::vector<float>& scratch);
