@@ -36,7 +36,15 @@ def _torch_has_cuda() -> bool:
 
 # No fast-math and no floating-point contraction anywhere: the CPU loops and the CUDA kernels must
 # round identically (DESIGN invariant 3). -fopenmp lets at::parallel_for use torch's own libgomp.
-CXX_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-fopenmp", "-Wall"]
+CXX_FLAGS = [
+    "-O3",
+    "-std=c++17",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-fno-trapping-math",
+    "-fopenmp",
+    "-Wall",
+]
 # Extra flags for special builds, e.g. the sanitizers (scripts/sanitize.sh).
 EXTRA = os.environ.get("QCOMM_EXTRA_CFLAGS", "").split()
 CXX_FLAGS += EXTRA
@@ -55,10 +63,11 @@ if _want_cuda():
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a]
     kwargs["sources"] += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
     kwargs["sources"] += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
-    kwargs["define_macros"] = [("QCOMM_WITH_CUDA", "1")]
+    # QCOMM_CUDA_SM<arch> records what was compiled, for qcomm._C.cuda_archs() and the tests
+    marks = ["-DQCOMM_WITH_CUDA=1"] + [f"-DQCOMM_CUDA_SM{a}=1" for a in archs if a]
     kwargs["extra_compile_args"] = {
-        "cxx": CXX_FLAGS + ["-DQCOMM_WITH_CUDA=1"],
-        "nvcc": NVCC_FLAGS + gencode,
+        "cxx": CXX_FLAGS + marks,
+        "nvcc": NVCC_FLAGS + gencode + marks,
     }
     ext = cpp_extension.CUDAExtension(**kwargs)
 else:

@@ -122,6 +122,12 @@ py::dict configToDict(const QuantConfig& c) {
 
 PYBIND11_DECLARE_HOLDER_TYPE(T, qcomm::NoGilPtr<T>, true);
 
+#ifdef QCOMM_WITH_CUDA
+namespace qcomm {
+void registerCudaOps(py::module& m);  // cuda_ops.cpp
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace qcomm;
   m.doc() = "qcomm: quantized allreduce backend (qnccl) for torch.distributed";
@@ -192,6 +198,38 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cast_to_float", &castToFloatT, py::arg("x"));
   m.def("encoded_bytes", [](int64_t n, int bits, int groupSize, bool symmetric) {
     return encodedBytes(n, CodecSpec{bits, groupSize, symmetric ? 1 : 0, kFloat32});
+  });
+#ifdef QCOMM_WITH_CUDA
+  registerCudaOps(m);
+#endif
+  m.def("cuda_archs", []() {
+    // the compute capabilities the CUDA kernels were compiled for (setup.py QCOMM_CUDA_ARCHS)
+    std::vector<int> archs;
+#ifdef QCOMM_CUDA_SM70
+    archs.push_back(70);
+#endif
+#ifdef QCOMM_CUDA_SM75
+    archs.push_back(75);
+#endif
+#ifdef QCOMM_CUDA_SM80
+    archs.push_back(80);
+#endif
+#ifdef QCOMM_CUDA_SM86
+    archs.push_back(86);
+#endif
+#ifdef QCOMM_CUDA_SM89
+    archs.push_back(89);
+#endif
+#ifdef QCOMM_CUDA_SM90
+    archs.push_back(90);
+#endif
+#ifdef QCOMM_CUDA_SM100
+    archs.push_back(100);
+#endif
+#ifdef QCOMM_CUDA_SM120
+    archs.push_back(120);
+#endif
+    return archs;
   });
   m.def("compiled_with_cuda", []() {
 #ifdef QCOMM_WITH_CUDA

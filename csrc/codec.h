@@ -175,6 +175,32 @@ struct GroupParams {
   float mid;  // asymmetric only
 };
 
+// The group's parameters from its reductions (absmax, or min and max) and its non-finite flag:
+// the last step of groupParams, shared with the CUDA kernels' warp reductions.
+QCOMM_HD GroupParams paramsFromAbsmax(float amax, int bad, int bits) {
+  GroupParams p;
+  p.scale = bad ? bitsFloat(0x7fc00000u) : (amax / qmaxSym(bits)) + 0.0f;
+  p.mid = 0.0f;
+  return p;
+}
+
+QCOMM_HD GroupParams paramsFromMinMax(float lo, float hi, int bad, int bits) {
+  GroupParams p;
+  const float levels = levelsAsym(bits);
+  // "+ 0.0f" turns -0 into +0: which of -0 and +0 a min/max returns depends on the order it saw
+  // them in, and the wire bytes must not.
+  p.scale = bad ? bitsFloat(0x7fc00000u) : (hi / levels - lo / levels) + 0.0f;
+  p.mid = bad ? 0.0f : (lo * 0.5f + hi * 0.5f) + 0.0f;
+  return p;
+}
+
+// Whether |v| is not a finite float (NaN or Inf).
+QCOMM_HD int nonFinite(float v) {
+  const float kMax = 3.40282346638528859811704183484516925e+38f;
+  const float a = bitsFloat(floatBits(v) & 0x7fffffffu);
+  return !(a <= kMax);
+}
+
 // Parameters of the group x[0..n). A NaN or an Inf fails `a <= FLT_MAX` and marks the group bad.
 // min, max and this flag give the same answer in any order, so the loops keep kLanes independent
 // accumulators (which lets the compiler vectorize them) and a CUDA kernel may reduce in any tree;
@@ -183,7 +209,6 @@ template <class T>
 QCOMM_HD GroupParams groupParams(const T* x, int n, int bits, bool symmetric) {
   constexpr int kLanes = 8;
   const float kMax = 3.40282346638528859811704183484516925e+38f;
-  GroupParams p;
   int bad = 0;
   if (symmetric) {
     float amax[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -204,8 +229,7 @@ QCOMM_HD GroupParams groupParams(const T* x, int n, int bits, bool symmetric) {
     }
     float m = amax[0];
     for (int j = 1; j < kLanes; ++j) m = amax[j] > m ? amax[j] : m;
-    p.scale = (m / qmaxSym(bits)) + 0.0f;
-    p.mid = 0.0f;
+    return paramsFromAbsmax(m, bad, bits);
   } else {
     const float first = toFloat(x[0]);
     float lo[kLanes], hi[kLanes];
@@ -232,17 +256,8 @@ QCOMM_HD GroupParams groupParams(const T* x, int n, int bits, bool symmetric) {
       l = lo[j] < l ? lo[j] : l;
       h = hi[j] > h ? hi[j] : h;
     }
-    const float levels = levelsAsym(bits);
-    // "+ 0.0f" turns -0 into +0: which of -0 and +0 a min/max returns depends on the order it saw
-    // them in, and the wire bytes must not.
-    p.scale = (h / levels - l / levels) + 0.0f;
-    p.mid = (l * 0.5f + h * 0.5f) + 0.0f;
+    return paramsFromMinMax(l, h, bad, bits);
   }
-  if (bad) {
-    p.scale = bitsFloat(0x7fc00000u);
-    p.mid = 0.0f;
-  }
-  return p;
 }
 
 QCOMM_HD bool paramsFinite(const GroupParams& p) { return p.scale == p.scale; }

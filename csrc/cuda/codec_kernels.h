@@ -1,0 +1,33 @@
+// Launch API of the CUDA codec kernels: raw device pointers and a stream, no torch headers, so
+// nvcc stays fast and the kernels can be tested on their own. The math is csrc/codec.h's, the
+// same functions the CPU loops call: for the same input the wire bytes and decoded values equal
+// the CPU path's bit for bit (reductions here run in another order, which min, max and the
+// non-finite flag do not notice; codec.h normalises the one order-dependent bit, the sign of 0).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../codec.h"
+
+namespace qcomm {
+namespace gpu {
+
+// Encode x[0..n) (elements of `dtype`) into dst (encodedBytes(n, c) bytes); c.bits == 0 stores
+// the elements raw in c.rawDtype.
+cudaError_t encode(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
+                   const Noise& noise, cudaStream_t stream);
+
+// Decode an encoded block of n elements into fp32 out (out = x^, or out += x^).
+cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, bool accumulate,
+                   cudaStream_t stream);
+
+// One ring hop, fused: partial = decode(src with `in`) + local (local of `localDtype`), then
+// encode partial with `out` into dst. partial (fp32, n) keeps the sum for the caller.
+cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,
+                            int32_t localDtype, int64_t n, float* partial, const CodecSpec& out,
+                            uint8_t* dst, const Noise& noise, cudaStream_t stream);
+
+}  // namespace gpu
+}  // namespace qcomm
