@@ -41,5 +41,18 @@ timeout 120 "$PY" benchmarks/cuda_codec_bench.py --csv "$OUT/codec_kernels.csv" 
   | tee -a "$OUT/summary.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
+step "Megatron-core example on the GPU (qnccl over NCCL, TP=1) and on CPU ranks (TP=2)"
+if "$PY" -c "import megatron.core" 2>/dev/null; then
+  timeout 120 torchrun --nproc_per_node 1 examples/megatron_tp.py --bits 8/8 2>&1 | tail -8 \
+    | tee "$OUT/megatron_gpu.txt" | tee -a "$OUT/summary.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  timeout 120 torchrun --nproc_per_node 2 examples/megatron_tp.py --cpu --bits 8/8 2>&1 | tail -8 \
+    | tee "$OUT/megatron_cpu.txt" | tee -a "$OUT/summary.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+else
+  echo "megatron-core is not installed here (no network): skipped; carry its wheel in .whl to run it" \
+    | tee -a "$OUT/summary.txt"
+fi
+
 step "result: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status
