@@ -280,10 +280,12 @@ class _Runner:
     def __init__(self, rank, world, gloo):
         self.rank, self.world, self.gloo = rank, world, gloo
 
-    def run(self, inp, buf, scratch, group, warmup, iters):
+    def run(self, inp, buf, scratch, group, warmup, iters, call=None):
         """warmup + iters allreduces of a fresh copy of inp; returns (max-over-ranks times of the
         timed calls in seconds, number of calls whose output differed across ranks, whether this
-        rank's output changed between calls)."""
+        rank's output changed between calls). call(buf), when given, is timed instead of
+        ``dist.all_reduce(buf, SUM, group)`` (e.g. a cast to bf16, an allreduce and a cast back);
+        it must leave its result in buf."""
         import torch
         import torch.distributed as dist
 
@@ -295,7 +297,10 @@ class _Runner:
             buf.copy_(inp)
             dist.barrier(group=self.gloo)
             t0 = time.perf_counter()
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+            if call is None:
+                dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+            else:
+                call(buf)
             t1 = time.perf_counter()
             if i >= warmup:
                 times.append(t1 - t0)

@@ -1,0 +1,337 @@
+"""Throughput of the CPU codec on one core, beside a memory copy, and its share of a quantized
+allreduce.
+
+    .venv/bin/python benchmarks/codec_throughput.py                 # ~30 s on 2 cores
+    .venv/bin/python benchmarks/codec_throughput.py --no-allreduce  # the codec tables only
+
+1. Codec microbenchmark, one thread (``torch.set_num_threads(1)``), through
+   ``qcomm._C.codec_encode`` and ``qcomm._C.codec_decode``: encode and decode at 8 and 4 bits,
+   asymmetric (min/max, the default) and symmetric (absmax), fp32 and bf16 input, messages of
+   --sizes bytes of input (default 1 MiB and 64 MiB), group --group-size. Beside it, on the same
+   machine and sizes: a memory copy into a preallocated tensor (``out.copy_(x)``, x in the input
+   dtype).
+   GB/s is message bytes (the input in its dtype) per second, for every column, copy included (a
+   copy moves twice that: a read and a write). Each time is the median of repeated calls on the same
+   data (cache-warm at 1 MiB, streaming from memory at 64 MiB).
+   ``codec_encode`` allocates its output with ``at::zeros`` on every call and ``codec_decode`` its
+   fp32 output with ``at::empty`` (first-touch page faults for large outputs); the allreduce writes
+   into buffers instead, so these allocation costs are measured on their own
+   (``torch.zeros(encoded bytes, uint8)``, and ``torch.empty(n, fp32).fill_(0)`` minus
+   ``out.fill_(0)`` into a preallocated tensor) and subtracted: the "net" columns.
+2. Where the time of a quantized allreduce goes (unless --no-allreduce): ``python -m qcomm.bench``
+   at --allreduce-size (default 64M) on 2 CPU ranks over loopback (its CSV rows), against the codec
+   work each rank does in that allreduce (elements encoded and decoded per rank, from the
+   algorithms' schedules for 2 ranks) timed at the net single-core rates of part 1 (fp32, the
+   allreduce's bits, asymmetric, largest size). The rest is transport (Gloo over loopback TCP, whose
+   kernel copies share the same 2 cores), waiting, buffer allocation and first touch.
+
+Prints Markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from qcomm import bench  # noqa: E402
+
+# Elements encoded and decoded by each rank in one allreduce of N elements on 2 ranks (fractions of
+# N), from csrc/algo_two_step.cpp, algo_ring.cpp, algo_semi_ring.cpp and algo_common.cpp:
+#   two_step: encodes both chunks (rs, N), sums its chunk from 2 decoded copies (rs, N), encodes
+#             the sum (ag, N/2), decodes its own and the peer's chunk (ag, N);
+#   ring / semi_ring (the same schedule at W=2): encodes the peer's chunk (rs, N/2), decodes the
+#             received partial onto its own (rs, N/2), encodes its sum (ag, N/2), decodes both
+#             chunks of the all-gather (ag, N).
+CODEC_WORK_W2 = {
+    "two_step": {"enc_rs": 1.0, "dec_rs": 1.0, "enc_ag": 0.5, "dec_ag": 1.0},
+    "ring": {"enc_rs": 0.5, "dec_rs": 0.5, "enc_ag": 0.5, "dec_ag": 1.0},
+    "semi_ring": {"enc_rs": 0.5, "dec_rs": 0.5, "enc_ag": 0.5, "dec_ag": 1.0},
+}
+
+
+def timeit(fn, min_time: float, min_reps: int = 5, max_reps: int = 2000) -> float:
+    """Median seconds of fn() over at least min_reps calls and min_time seconds (after one warm-up
+    call)."""
+    fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_reps and (
+        len(times) < min_reps or time.perf_counter() - start < min_time
+    ):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+
+
+def microbench(opts) -> list:
+    import torch
+
+    from qcomm import _C
+
+    rows = []
+    gs = opts.group_size
+    gen = torch.Generator().manual_seed(1234)
+    for size in opts.sizes:
+        base = torch.randn(size // 4, generator=gen)  # the same values for every dtype
+        for dname in ("fp32", "bf16"):
+            dtype = getattr(torch, bench.DTYPES[dname])
+            n = size // bench.ELEM_BYTES[dname]
+            x = base.to(dtype) if dname == "fp32" else torch.randn(n, generator=gen).to(dtype)
+            out = torch.empty_like(x)
+            copy_s = timeit(lambda out=out, x=x: out.copy_(x), opts.min_time)
+            # the decode output's allocation: first touch of a fresh fp32 tensor vs a reused one
+            pre = torch.empty(n, dtype=torch.float32)
+            fresh_s = timeit(
+                lambda n=n: torch.empty(n, dtype=torch.float32).fill_(0), opts.min_time
+            )
+            fill_s = timeit(lambda pre=pre: pre.fill_(0), opts.min_time)
+            dec_alloc_s = max(0.0, fresh_s - fill_s)
+            for bits in (8, 4):
+                for sym in (False, True):
+                    nbytes = _C.encoded_bytes(n, bits, gs, sym)
+                    enc = _C.codec_encode(x, bits, gs, sym)
+                    assert enc.numel() == nbytes
+                    enc_s = timeit(
+                        lambda x=x, b=bits, s=sym: _C.codec_encode(x, b, gs, s), opts.min_time
+                    )
+                    zeros_s = timeit(
+                        lambda nb=nbytes: torch.zeros(nb, dtype=torch.uint8), opts.min_time
+                    )
+                    dec_s = timeit(
+                        lambda e=enc, n=n, b=bits, s=sym, d=dtype: _C.codec_decode(
+                            e, n, b, gs, s, d
+                        ),
+                        opts.min_time,
+                    )
+                    rows.append(
+                        dict(
+                            size=size,
+                            dtype=dname,
+                            n=n,
+                            bits=bits,
+                            symmetric=sym,
+                            encoded_bytes=nbytes,
+                            enc_s=enc_s,
+                            enc_alloc_s=zeros_s,
+                            enc_net_s=max(enc_s - zeros_s, 1e-12),
+                            dec_s=dec_s,
+                            dec_alloc_s=dec_alloc_s,
+                            dec_net_s=max(dec_s - dec_alloc_s, 1e-12),
+                            copy_s=copy_s,
+                        )
+                    )
+                    r = rows[-1]
+                    print(
+                        f"[codec] {bench.size_label(size)} {dname} {bits}-bit "
+                        f"{'sym' if sym else 'asym'}: encode {gbps(size, enc_s):.2f} GB/s "
+                        f"(net {gbps(size, r['enc_net_s']):.2f}), decode {gbps(size, dec_s):.2f} "
+                        f"GB/s (net {gbps(size, r['dec_net_s']):.2f}), copy "
+                        f"{gbps(size, copy_s):.2f} GB/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            del x, out, pre
+    return rows
+
+
+def codec_table(rows: list) -> str:
+    head = [
+        "size",
+        "input",
+        "bits",
+        "scale",
+        "encode GB/s",
+        "zeros alloc ms",
+        "encode net GB/s",
+        "decode GB/s",
+        "out alloc ms",
+        "decode net GB/s",
+        "copy GB/s",
+        "encode net / copy",
+        "decode net / copy",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        s = r["size"]
+        cells = [
+            bench.size_label(s),
+            r["dtype"],
+            str(r["bits"]),
+            "sym" if r["symmetric"] else "asym",
+            f"{gbps(s, r['enc_s']):.2f}",
+            f"{r['enc_alloc_s'] * 1e3:.3f}",
+            f"{gbps(s, r['enc_net_s']):.2f}",
+            f"{gbps(s, r['dec_s']):.2f}",
+            f"{r['dec_alloc_s'] * 1e3:.3f}",
+            f"{gbps(s, r['dec_net_s']):.2f}",
+            f"{gbps(s, r['copy_s']):.2f}",
+            f"{r['copy_s'] / r['enc_net_s']:.3f}",
+            f"{r['copy_s'] / r['dec_net_s']:.3f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_bench(opts) -> list:
+    """qcomm.bench's rows (as read back from its CSV) for the allreduce profile."""
+    with tempfile.TemporaryDirectory(prefix="qcomm-codec-") as tmp:
+        path = os.path.join(tmp, "rows.csv")
+        cmd = [
+            sys.executable,
+            "-m",
+            "qcomm.bench",
+            "--world",
+            "2",
+            "--sizes",
+            bench.size_label(opts.allreduce_size),
+            "--bits",
+            opts.allreduce_bits,
+            "--group-size",
+            str(opts.group_size),
+            "--iters",
+            str(opts.allreduce_iters),
+            "--csv",
+            path,
+        ]
+        print("[allreduce] " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+
+
+def profile_table(bench_rows: list, codec_rows: list) -> str:
+    """Codec time per rank vs the measured allreduce time (fp32, 2 ranks)."""
+    size_ref = max(r["size"] for r in codec_rows)
+    rate = {}  # (bits, 'enc'/'dec') -> net seconds per element, fp32, asymmetric, largest size
+    for r in codec_rows:
+        if r["size"] == size_ref and r["dtype"] == "fp32" and not r["symmetric"]:
+            rate[(r["bits"], "enc")] = r["enc_net_s"] / r["n"]
+            rate[(r["bits"], "dec")] = r["dec_net_s"] / r["n"]
+    head = [
+        "algorithm",
+        "bits",
+        "allreduce ms",
+        "gloo fp32 ms",
+        "encode ms",
+        "decode ms",
+        "codec ms",
+        "codec share",
+        "rest ms",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for br in bench_rows:
+        algo = br["algorithm"]
+        rs, ag = (int(b) for b in br["bits"].split("/"))
+        n = int(br["count"])
+        w = CODEC_WORK_W2[algo]
+        enc = (w["enc_rs"] * rate[(rs, "enc")] + w["enc_ag"] * rate[(ag, "enc")]) * n
+        dec = (w["dec_rs"] * rate[(rs, "dec")] + w["dec_ag"] * rate[(ag, "dec")]) * n
+        t = float(br["time_us"]) * 1e-6
+        cells = [
+            algo,
+            br["bits"],
+            f"{t * 1e3:.1f}",
+            f"{float(br['exact_us']) * 1e-3:.1f}",
+            f"{enc * 1e3:.1f}",
+            f"{dec * 1e3:.1f}",
+            f"{(enc + dec) * 1e3:.1f}",
+            f"{(enc + dec) / t:.0%}",
+            f"{(t - enc - dec) * 1e3:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument(
+        "--sizes",
+        type=bench.parse_sizes,
+        default=bench.parse_sizes("1M,64M"),
+        help="message sizes in input bytes (default 1M,64M)",
+    )
+    ap.add_argument("--group-size", type=int, default=128, help="elements per scale (default 128)")
+    ap.add_argument(
+        "--min-time", type=float, default=0.25, help="seconds of timing per measurement (0.25)"
+    )
+    ap.add_argument("--no-allreduce", action="store_true", help="skip the allreduce profile")
+    ap.add_argument(
+        "--allreduce-size",
+        type=bench.parse_size,
+        default=bench.parse_size("64M"),
+        help="message size of the allreduce profile (default 64M)",
+    )
+    ap.add_argument(
+        "--allreduce-bits", default="8/8,4/4", help="rs/ag pairs profiled (default 8/8,4/4)"
+    )
+    ap.add_argument(
+        "--allreduce-iters", type=int, default=5, help="timed allreduces per config (default 5)"
+    )
+    opts = ap.parse_args(argv)
+
+    import torch
+
+    import qcomm
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    print(
+        f"# codec_throughput: {bench.cpu_model()}, {os.cpu_count()} logical cores, "
+        f"torch {torch.__version__}, 1 thread (torch.get_num_threads() = "
+        f"{torch.get_num_threads()}), group size {opts.group_size}, qcomm CUDA kernels compiled: "
+        f"{qcomm.compiled_with_cuda()}, load average at start "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        flush=True,
+    )
+    rows = microbench(opts)
+    print(
+        "\n## CPU codec, one core (GB/s = input bytes per second; 'net' = minus the output "
+        "allocation measured alone)\n"
+    )
+    print(codec_table(rows), flush=True)
+    print(
+        "\n'zeros alloc ms': torch.zeros of the encoded size, which codec_encode does on every "
+        "call (encodeBlock writes every byte of its output, so at::empty would do); "
+        "'out alloc ms': a fresh fp32 output's first touch (torch.empty(n).fill_(0) minus fill_ "
+        "into a reused tensor), paid by codec_decode's at::empty. copy: out.copy_(x) into a "
+        "preallocated tensor of the input dtype."
+    )
+    if not opts.no_allreduce:
+        bench_rows = run_bench(opts)
+        size_ref = bench.size_label(max(opts.sizes))
+        print(
+            f"\n## Where a quantized allreduce's time goes: {bench.size_label(opts.allreduce_size)}"
+            f" fp32, 2 ranks, loopback (python -m qcomm.bench, median of "
+            f"{opts.allreduce_iters}, max over ranks)\n"
+        )
+        print(profile_table(bench_rows, rows))
+        print(
+            f"\ncodec ms: the elements each rank encodes and decodes in this allreduce x the net "
+            f"single-core time per element (fp32, asymmetric, {size_ref} rows above); decode into "
+            "an accumulating sum is timed as a plain decode. Each rank has one core of the two; "
+            "'rest' is transport (loopback TCP: kernel copies on the same cores), waiting for the "
+            "peer, buffer allocation and first touch, Python."
+        )
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"\n# {time.perf_counter() - start:.1f} s; load average at the end {load}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
