@@ -52,7 +52,7 @@ at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmet
   TORCH_CHECK_VALUE(x.device().is_cpu(), "[qcomm] codec: CPU tensors only");
   at::Tensor c = x.contiguous().view({-1});
   const CodecSpec spec = makeSpec(bits, groupSize, symmetric, c.scalar_type());
-  at::Tensor out = at::zeros({encodedBytes(c.numel(), spec)}, at::kByte);
+  at::Tensor out = at::empty({encodedBytes(c.numel(), spec)}, at::kByte);  // every byte is written
   const Noise noise{noiseSalt.is_none() ? 0u : noiseSalt.cast<uint32_t>(), noiseBase,
                     noiseSalt.is_none() ? 0 : 1};
   encodeBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec, out.data_ptr<uint8_t>(),
