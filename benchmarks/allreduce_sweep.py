@@ -444,17 +444,6 @@ def format_table(rows: list) -> str:
 
 
 def header_lines(opts) -> list:
-    import platform
-
-    import torch
-
-    import qcomm
-
-    logical = os.cpu_count() or 0
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = logical
     cfg = bench.make_config(opts, opts.algorithms[0], *opts.bits[0])
     iters = f"iters={opts.iters}"
     other = []
@@ -472,11 +461,8 @@ def header_lines(opts) -> list:
     return [
         "# allreduce_sweep: qnccl quantized allreduce vs Gloo exact allreduce "
         f"({opts.dtype} and bf16), local CPU ranks over loopback",
-        f"# machine: {bench.cpu_model()}, {logical} logical cores ({usable} usable), "
-        f"{platform.system()} {platform.release()} {platform.machine()}",
-        f"# torch {torch.__version__}, python {platform.python_version()}, "
-        f"qcomm CUDA kernels compiled: {qcomm.compiled_with_cuda()}, load average at start "
-        + " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        *bench.system_lines(),
+        "# load average at start " + " ".join(f"{x:.2f}" for x in os.getloadavg()),
         f"# world={opts.world} dtype={opts.dtype} threads/rank={opts.threads} {iters} "
         f"warmup={opts.warmup} group_size={cfg.group_size} symmetric={cfg.symmetric} "
         f"microshards={cfg.microshards} min_bytes=0 seed={opts.seed}",

@@ -227,7 +227,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def machine_lines(a) -> list:
+def system_lines() -> list:
+    """'# machine: ...' and '# torch ...' lines describing where a benchmark ran."""
     import torch
 
     import qcomm
@@ -237,13 +238,19 @@ def machine_lines(a) -> list:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         usable = logical
-    cfg = make_config(a, a.algorithms[0], *a.bits[0])
     return [
-        "# qcomm.bench: qnccl quantized allreduce vs exact gloo allreduce (CPU ranks)",
         f"# machine: {cpu_model()}, {logical} logical cores ({usable} usable), "
         f"{platform.system()} {platform.release()} {platform.machine()}",
         f"# torch {torch.__version__}, python {platform.python_version()}, "
         f"qcomm CUDA kernels compiled: {qcomm.compiled_with_cuda()}",
+    ]
+
+
+def machine_lines(a) -> list:
+    cfg = make_config(a, a.algorithms[0], *a.bits[0])
+    return [
+        "# qcomm.bench: qnccl quantized allreduce vs exact gloo allreduce (CPU ranks)",
+        *system_lines(),
         f"# world={a.world} dtype={a.dtype} threads/rank={a.threads} iters={a.iters} "
         f"warmup={a.warmup} group_size={cfg.group_size} symmetric={cfg.symmetric} "
         f"microshards={cfg.microshards} min_bytes=0 seed={a.seed}",
