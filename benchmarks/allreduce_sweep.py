@@ -426,21 +426,10 @@ def format_row(row: dict, csv_form: bool = False) -> dict:
 
 
 def format_table(rows: list) -> str:
-    cells = [COLUMNS] + [[format_row(r)[c] for c in COLUMNS] for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
-    out = []
-    for n, line in enumerate(cells):
-        out.append(
-            "  ".join(
-                v.ljust(w) if COLUMNS[i] in _LEFT else v.rjust(w)
-                for i, (v, w) in enumerate(zip(line, widths))
-            ).rstrip()
-        )
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-        elif n < len(rows) and rows[n]["size"] != rows[n - 1]["size"]:
-            out.append("")
-    return "\n".join(out)
+    lines = [[format_row(r)[c] for c in COLUMNS] for r in rows]
+    # an empty line between sizes
+    breaks = {i for i in range(1, len(rows)) if rows[i]["size"] != rows[i - 1]["size"]}
+    return bench.align_table(COLUMNS, lines, _LEFT, breaks)
 
 
 def header_lines(opts) -> list:

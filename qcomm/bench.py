@@ -357,21 +357,29 @@ def _fmt_row(row: dict) -> dict:
     }
 
 
-def format_table(rows: list) -> str:
-    cells = [COLUMNS] + [[_fmt_row(r)[c] for c in COLUMNS] for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
-    left = {"dtype", "algorithm", "bits", "identical"}
+def align_table(columns: list, lines: list, left: set, breaks=()) -> str:
+    """Columns aligned (the names in `left` to the left), a rule under the header, and an empty
+    line before each data line whose index is in `breaks`."""
+    cells = [columns] + lines
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     out = []
     for n, line in enumerate(cells):
+        if n - 1 in breaks:
+            out.append("")
         out.append(
             "  ".join(
-                v.ljust(w) if COLUMNS[i] in left else v.rjust(w)
+                v.ljust(w) if columns[i] in left else v.rjust(w)
                 for i, (v, w) in enumerate(zip(line, widths))
             ).rstrip()
         )
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def format_table(rows: list) -> str:
+    lines = [[_fmt_row(r)[c] for c in COLUMNS] for r in rows]
+    return align_table(COLUMNS, lines, {"dtype", "algorithm", "bits", "identical"})
 
 
 def _log(msg: str) -> None:
