@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import queue
 import tempfile
+import time
 import traceback
 
 import torch.multiprocessing as mp
@@ -93,3 +94,15 @@ def run_ranks(fn, world, *args, backend="qnccl", pg_options=None, timeout=180, t
     if any(c != 0 for c in codes):
         raise AssertionError(f"a rank exited abnormally: exit codes {codes}")
     return [results[r] for r in range(world)]
+
+
+def file_barrier(tmp, name, rank, world, timeout=60.0):
+    """Wait until every rank has reached `name`, without a process group: destroy_process_group is
+    not collective, and a rank that opens the next group's Gloo mesh while a peer is still tearing
+    down the last one can see its connection closed (seen once in a clean-clone run)."""
+    open(os.path.join(tmp, f"{name}.{rank}"), "w").close()
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(os.path.join(tmp, f"{name}.{r}")) for r in range(world)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: not every rank reached {name} in {timeout} s")
+        time.sleep(0.01)

@@ -1,3 +1,4 @@
-"""The tests' name for qcomm.spawn.run_ranks (W spawned CPU ranks, exit codes checked)."""
+"""The tests' names for qcomm.spawn: run_ranks (W spawned CPU ranks, exit codes checked) and
+file_barrier (a barrier between process groups, through files)."""
 
-from qcomm.spawn import run_ranks  # noqa: F401
+from qcomm.spawn import file_barrier, run_ranks  # noqa: F401

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dist_util import run_ranks
+from dist_util import file_barrier, run_ranks
 
 WORLD = 3
 BIG = 300_000  # fp32 elements: 1.2 MB, above the default min_bytes (1 MiB)
@@ -1072,11 +1072,13 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
     q_twice = _destroy_twice()
 
     # the same with a plain gloo default group, for comparison
+    file_barrier(tmp, "after-env", rank, world)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/gloo", rank=rank, world_size=world)
     g_twice = _destroy_twice()
     assert q_twice == g_twice, (q_twice, g_twice)
 
     # tcp://, with a qnccl subgroup destroyed before the default group
+    file_barrier(tmp, "after-gloo", rank, world)
     dist.init_process_group(
         "qnccl", init_method=f"tcp://127.0.0.1:{tcp_port}", rank=rank, world_size=world
     )
@@ -1092,6 +1094,7 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
     dist.destroy_process_group()
 
     # file://, with pg_options: a fresh default group after two destroyed ones, quantizing
+    file_barrier(tmp, "after-tcp", rank, world)
     dist.init_process_group(
         "qnccl",
         init_method=f"file://{tmp}/qnccl",

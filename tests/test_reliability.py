@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import qcomm
 from qcomm import reference as ref
 
-from dist_util import run_ranks
+from dist_util import file_barrier, run_ranks
 
 
 def _digest(t):
@@ -283,6 +283,8 @@ def test_many_groups_and_two_threads():
 def _recreate_worker(rank, world, init_file):
     out = []
     for round_ in range(3):
+        # destroy_process_group is not collective: start the next round together
+        file_barrier(os.path.dirname(init_file), f"round{round_}", rank, world)
         dist.init_process_group(
             "qnccl",
             init_method=f"file://{init_file}.{round_}",
