@@ -23,8 +23,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$
 
 step "build (QCOMM_CUDA=1)"
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+export QCOMM_CUDA_ARCHS="${QCOMM_CUDA_ARCHS:-90}"  # the H200 only: halves nvcc time there
+START=$(date +%s)
 if QCOMM_CUDA=1 MAX_JOBS="${MAX_JOBS:-16}" timeout 300 "$PY" setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1; then
-  echo "build ok" | tee -a "$OUT/summary.txt"
+  echo "build ok ($(( $(date +%s) - START )) s)" | tee -a "$OUT/summary.txt"
 else
   echo "BUILD FAILED (tail of build.log):" | tee -a "$OUT/summary.txt"
   tail -30 "$OUT/build.log" | tee -a "$OUT/summary.txt"
@@ -40,6 +42,13 @@ step "CUDA codec kernels vs device-to-device copy"
 timeout 120 "$PY" benchmarks/cuda_codec_bench.py --csv "$OUT/codec_kernels.csv" 2>&1 | tee "$OUT/bench.txt" \
   | tee -a "$OUT/summary.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+step "CUDA IPC probe: two processes ping-pong a flag on one GPU"
+if "$PY" -c "import cupy" 2>/dev/null; then
+  timeout 150 "$PY" benchmarks/ipc_probe.py --rounds 200 2>&1 | tee "$OUT/ipc_probe.txt" | tee -a "$OUT/summary.txt"
+else
+  echo "cupy missing: probe skipped" | tee -a "$OUT/summary.txt"
+fi
 
 step "Megatron-core example on the GPU (qnccl over NCCL, TP=1) and on CPU ranks (TP=2)"
 if "$PY" -c "import megatron.core" 2>/dev/null; then
