@@ -1,34 +1,82 @@
-// CUDA codec kernels over csrc/codec.h. One warp per quantization group for encoding (the group's
-// min/max/absmax are warp reductions, then each lane quantizes its elements); one thread per
-// element for decoding. Grids are capped and grid-stride, so any numel works.
+// CUDA codec kernels over csrc/codec.h. Encoding: one warp per slab of 1024 elements (a whole
+// number of groups), each element loaded once into registers with 16-byte loads, the groups'
+// min/max/absmax reduced across lanes, the codes written with wide stores (tile_codec.cuh).
+// Decoding: one thread per 4 consecutive elements (one code word in, one float4 out). Unaligned
+// pointers and the last, partial slab take the scalar paths (one warp per group, one thread per
+// element; warp_codec.cuh). Grids are sized to the chip and grid-stride, so any numel works.
 #include "codec_kernels.h"
+#include "tile_codec.cuh"
 #include "warp_codec.cuh"
 
 namespace qcomm {
 namespace gpu {
 namespace {
 
-constexpr int kBlock = 256;  // 8 warps per block: 8 groups in flight per block
-constexpr int64_t kMaxBlocks = 65535;
+constexpr int kBlock = 256;       // 8 warps per block
+constexpr int kDecodeUnroll = 4;  // float4 items per thread and loop step of the decoder
 
-template <class T, int kBits, bool kSym>
-__global__ void encodeKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise) {
-  const int64_t groups = numGroups(n, c);
-  const int64_t warpsTotal = int64_t(gridDim.x) * (blockDim.x / kWarp);
-  uint8_t* data = block + dataOffset(n, c);
-  if (blockIdx.x == 0) {  // zero the padding between metadata and data
+// Zero the padding between metadata and data (block 0 only), so every byte is determined.
+__device__ __forceinline__ void zeroPadding(uint8_t* block, int64_t n, const CodecSpec& c) {
+  if (blockIdx.x == 0) {
     for (int64_t i = metaBytes(n, c) + threadIdx.x; i < dataOffset(n, c); i += blockDim.x) {
       block[i] = 0;
     }
   }
-  for (int64_t g = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; g < groups;
-       g += warpsTotal) {
-    const int64_t begin = g * c.groupSize;
-    const int len = groupLength(n, c, g);
-    auto value = [&](int k) { return toFloat(x[begin + k]); };
-    const GroupParams p = warpGroupParams<kSym>(len, kBits, value);
-    if (threadIdx.x % kWarp == 0) storeParams(block, n, c, g, p);
-    warpQuantize<kBits, kSym>(p, begin, len, data, noise, value);
+}
+
+__device__ __forceinline__ int64_t globalWarp() {
+  return (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+}
+
+__device__ __forceinline__ int64_t warpsInGrid() {
+  return int64_t(gridDim.x) * (blockDim.x / kWarp);
+}
+
+// The scalar path of one group: warp reductions, then each lane quantizes elements lane,
+// lane + 32, ... (reads `value` twice).
+template <int kBits, bool kSym, class F>
+__device__ __forceinline__ void encodeGroupWarp(uint8_t* block, int64_t n, const CodecSpec& c,
+                                                int64_t g, const Noise& noise, F value) {
+  const int64_t begin = g * c.groupSize;
+  const int len = groupLength(n, c, g);
+  const GroupParams p = warpGroupParams<kSym>(len, kBits, value);
+  if (threadIdx.x % kWarp == 0) storeParams(block, n, c, g, p);
+  warpQuantize<kBits, kSym>(p, begin, len, block + dataOffset(n, c), noise, value);
+}
+
+template <class T, int kBits, bool kSym>
+__global__ void __launch_bounds__(kBlock, 2)
+    encodeKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise) {
+  constexpr int kVec = 16 / int(sizeof(T));  // one 16-byte load per lane and vector
+  constexpr int kTile = kWarp * kVec;
+  constexpr int kU = kSlab / kTile;
+  zeroPadding(block, n, c);
+  const SlabTarget t{reinterpret_cast<float*>(block), block + dataOffset(n, c), numGroups(n, c),
+                     __ffs(c.groupSize) - 1};
+  const int lane = threadIdx.x % kWarp;
+  const bool vec =
+      slabGroupSize(c.groupSize, kVec) && aligned(x, 16) && aligned(t.data, kVec * kBits / 8);
+  if (!vec) {
+    for (int64_t g = globalWarp(); g < t.groups; g += warpsInGrid()) {
+      const T* xg = x + g * c.groupSize;
+      encodeGroupWarp<kBits, kSym>(block, n, c, g, noise, [&](int k) { return toFloat(xg[k]); });
+    }
+    return;
+  }
+  const int64_t slabs = (n + kSlab - 1) / kSlab;
+  for (int64_t s = globalWarp(); s < slabs; s += warpsInGrid()) {
+    const int64_t base = s * kSlab;
+    if (base + kSlab <= n) {
+      float v[kU][kVec];
+#pragma unroll
+      for (int j = 0; j < kU; ++j) loadFloats(x + base + j * kTile + lane * kVec, v[j]);
+      encodeSlab<kBits, kSym, kVec>(v, base, t, noise);
+    } else {  // the last, partial slab: its groups one by one
+      for (int64_t g = base >> t.groupShift; g < t.groups; ++g) {
+        const T* xg = x + g * c.groupSize;
+        encodeGroupWarp<kBits, kSym>(block, n, c, g, noise, [&](int k) { return toFloat(xg[k]); });
+      }
+    }
   }
 }
 
@@ -49,97 +97,218 @@ __global__ void rawToFloatKernel(const T* x, int64_t n, float* out, bool accumul
   }
 }
 
+// Item i is elements 4i..4i+3 (one group: groupSize is a multiple of 4). Each loop step of a
+// block covers kDecodeUnroll * kBlock consecutive items, thread t items t, t + kBlock, ..., so
+// every load and store instruction of a warp touches one contiguous range.
 template <int kBits, bool kSym>
-__global__ void decodeKernel(const uint8_t* block, int64_t n, CodecSpec c, float* out,
-                             bool accumulate) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
-       e += int64_t(gridDim.x) * blockDim.x) {
+__global__ void __launch_bounds__(kBlock)
+    decodeKernel(const uint8_t* block, int64_t n, CodecSpec c, float* out, bool accumulate) {
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = int64_t(gridDim.x) * blockDim.x;
+  const float* meta = reinterpret_cast<const float*>(block);
+  const int64_t groups = numGroups(n, c);
+  const uint8_t* data = block + dataOffset(n, c);
+  const int shift = __ffs(c.groupSize) - 1;
+  const bool vec = slabGroupSize(c.groupSize, 4) && aligned(out, 16) && aligned(data, kBits / 2);
+  const int64_t items = vec ? n / 4 : 0;
+  const int64_t step = int64_t(gridDim.x) * (kBlock * kDecodeUnroll);
+  for (int64_t first = int64_t(blockIdx.x) * (kBlock * kDecodeUnroll) + threadIdx.x; first < items;
+       first += step) {
+    uint32_t q[kDecodeUnroll][4];
+    GroupParams p[kDecodeUnroll];
+#pragma unroll
+    for (int u = 0; u < kDecodeUnroll; ++u) {
+      const int64_t i = first + u * kBlock;
+      if (i < items) {
+        loadCodes4<kBits>(data, 4 * i, q[u]);
+        p[u] = loadParamsAt<kSym>(meta, groups, (4 * i) >> shift);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kDecodeUnroll; ++u) {
+      const int64_t i = first + u * kBlock;
+      if (i < items) {
+        float4 v;
+        v.x = dequantizeOne<kBits, kSym>(q[u][0], p[u]);
+        v.y = dequantizeOne<kBits, kSym>(q[u][1], p[u]);
+        v.z = dequantizeOne<kBits, kSym>(q[u][2], p[u]);
+        v.w = dequantizeOne<kBits, kSym>(q[u][3], p[u]);
+        float4* o = reinterpret_cast<float4*>(out) + i;
+        if (accumulate) {
+          const float4 a = *o;
+          v.x = a.x + v.x;
+          v.y = a.y + v.y;
+          v.z = a.z + v.z;
+          v.w = a.w + v.w;
+        }
+        *o = v;
+      }
+    }
+  }
+  // the scalar path: elements past the last whole item, or all of them when unaligned
+  for (int64_t e = 4 * items + tid; e < n; e += threads) {
     const float v = decodeAt<kBits, kSym>(block, n, c, e);
     out[e] = accumulate ? out[e] + v : v;
   }
 }
 
-// partial = decode(src) + local, then encode partial: one warp per group of the output codec
-// (both codecs share the group size).
+// partial = decode(src) + local, then encode partial (both codecs share the group size). The
+// vector path is encodeKernel's with the slab's values computed instead of loaded: one float4 of
+// partial per lane and vector (kVec = 4), written as it is computed.
 template <class T, int kInBits, bool kInSym, int kOutBits, bool kOutSym>
-__global__ void hopKernel(const uint8_t* src, CodecSpec in, const T* local, int64_t n,
-                          float* partial, CodecSpec out, uint8_t* dst, Noise noise) {
-  const int64_t groups = numGroups(n, out);
-  const int64_t warpsTotal = int64_t(gridDim.x) * (blockDim.x / kWarp);
-  if (blockIdx.x == 0) {
-    for (int64_t i = metaBytes(n, out) + threadIdx.x; i < dataOffset(n, out); i += blockDim.x) {
-      dst[i] = 0;
-    }
-  }
-  for (int64_t g = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; g < groups;
-       g += warpsTotal) {
+__global__ void __launch_bounds__(kBlock, 2)
+    hopKernel(const uint8_t* src, CodecSpec in, const T* local, int64_t n, float* partial,
+              CodecSpec out, uint8_t* dst, Noise noise) {
+  constexpr int kVec = 4;
+  constexpr int kTile = kWarp * kVec;
+  constexpr int kU = kSlab / kTile;
+  zeroPadding(dst, n, out);
+  const SlabTarget t{reinterpret_cast<float*>(dst), dst + dataOffset(n, out), numGroups(n, out),
+                     __ffs(out.groupSize) - 1};
+  const float* inMeta = reinterpret_cast<const float*>(src);
+  const int64_t inGroups = numGroups(n, in);
+  const uint8_t* inData = src + dataOffset(n, in);
+  const int lane = threadIdx.x % kWarp;
+  const bool vec = slabGroupSize(out.groupSize, kVec) && in.groupSize == out.groupSize &&
+                   aligned(inData, kVec * kInBits / 8) && aligned(local, kVec * int(sizeof(T))) &&
+                   aligned(partial, 16) && aligned(t.data, kVec * kOutBits / 8);
+  // the scalar path of group g: partial first, then the group is encoded from it
+  auto scalarGroup = [&](int64_t g) {
     const int64_t begin = g * out.groupSize;
     const int len = groupLength(n, out, g);
-    const int lane = threadIdx.x % kWarp;
     for (int k = lane; k < len; k += kWarp) {
-      const float d = kInBits == 0 ? 0.0f : decodeAt<kInBits, kInSym>(src, n, in, begin + k);
+      const float d = decodeAt<kInBits, kInSym>(src, n, in, begin + k);
       partial[begin + k] = d + toFloat(local[begin + k]);
     }
     __syncwarp();
-    auto value = [&](int k) { return partial[begin + k]; };
-    const GroupParams p = warpGroupParams<kOutSym>(len, kOutBits, value);
-    if (lane == 0) storeParams(dst, n, out, g, p);
-    warpQuantize<kOutBits, kOutSym>(p, begin, len, dst + dataOffset(n, out), noise, value);
+    const float* pg = partial + begin;
+    encodeGroupWarp<kOutBits, kOutSym>(dst, n, out, g, noise, [&](int k) { return pg[k]; });
+  };
+  if (!vec) {
+    for (int64_t g = globalWarp(); g < t.groups; g += warpsInGrid()) scalarGroup(g);
+    return;
+  }
+  const int64_t slabs = (n + kSlab - 1) / kSlab;
+  for (int64_t s = globalWarp(); s < slabs; s += warpsInGrid()) {
+    const int64_t base = s * kSlab;
+    if (base + kSlab <= n) {
+      // every load of the slab first (partial may alias local: each element is read before the
+      // same lane writes it), then the sums
+      uint32_t q[kU][kVec];
+      GroupParams p[kU];
+      float v[kU][kVec];
+#pragma unroll
+      for (int j = 0; j < kU; ++j) {
+        const int64_t e = base + j * kTile + lane * kVec;
+        loadCodes4<kInBits>(inData, e, q[j]);
+        p[j] = loadParamsAt<kInSym>(inMeta, inGroups, e >> t.groupShift);
+        loadFloats(local + e, v[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < kU; ++j) {
+        const int64_t e = base + j * kTile + lane * kVec;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          v[j][k] = dequantizeOne<kInBits, kInSym>(q[j][k], p[j]) + v[j][k];
+        }
+        *reinterpret_cast<float4*>(partial + e) = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
+      }
+      encodeSlab<kOutBits, kOutSym, kVec>(v, base, t, noise);
+    } else {  // the last, partial slab: its groups one by one
+      for (int64_t g = base >> t.groupShift; g < t.groups; ++g) scalarGroup(g);
+    }
   }
 }
 
-int gridFor(int64_t items, int perBlock) {
-  const int64_t blocks = (items + perBlock - 1) / perBlock;
-  return int(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+// Blocks to launch: what the work needs, at most what the chip holds at once (the kernels are
+// grid-stride). The resident count per SM is computed once per kernel.
+template <auto kKernel>
+int gridFor(int64_t blocksNeeded) {
+  static const int perSm = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kBlock, 0) != cudaSuccess) {
+      (void)cudaGetLastError();  // only our own query failed; fall back to a guess
+      b = 2048 / kBlock;
+    }
+    return b > 0 ? b : 1;
+  }();
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      sms <= 0) {
+    (void)cudaGetLastError();
+    sms = 132;
+  }
+  const int64_t cap = int64_t(sms) * perSm;
+  return int(blocksNeeded < 1 ? 1 : (blocksNeeded > cap ? cap : blocksNeeded));
+}
+
+int64_t slabBlocks(int64_t n) {
+  const int64_t warps = (n + kSlab - 1) / kSlab;
+  return (warps + kBlock / kWarp - 1) / (kBlock / kWarp);
+}
+
+int64_t elementBlocks(int64_t n, int perThread) {
+  return (n + int64_t(kBlock) * perThread - 1) / (int64_t(kBlock) * perThread);
+}
+
+template <auto kKernel, class... Args>
+void launch(int64_t blocksNeeded, cudaStream_t s, Args... args) {
+  kKernel<<<gridFor<kKernel>(blocksNeeded), kBlock, 0, s>>>(args...);
 }
 
 template <class T>
 void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const Noise& noise,
                   cudaStream_t s) {
-  const int grid = gridFor(numGroups(n, c), kBlock / kWarp);
+  const int64_t blocks = slabBlocks(n);
   if (c.bits == 8) {
     if (c.symmetric)
-      encodeKernel<T, 8, true><<<grid, kBlock, 0, s>>>(x, n, c, dst, noise);
+      launch<encodeKernel<T, 8, true>>(blocks, s, x, n, c, dst, noise);
     else
-      encodeKernel<T, 8, false><<<grid, kBlock, 0, s>>>(x, n, c, dst, noise);
+      launch<encodeKernel<T, 8, false>>(blocks, s, x, n, c, dst, noise);
   } else {
     if (c.symmetric)
-      encodeKernel<T, 4, true><<<grid, kBlock, 0, s>>>(x, n, c, dst, noise);
+      launch<encodeKernel<T, 4, true>>(blocks, s, x, n, c, dst, noise);
     else
-      encodeKernel<T, 4, false><<<grid, kBlock, 0, s>>>(x, n, c, dst, noise);
+      launch<encodeKernel<T, 4, false>>(blocks, s, x, n, c, dst, noise);
   }
 }
 
 template <class T>
 void launchCast(const T* x, int64_t n, int32_t to, void* out, cudaStream_t s) {
-  const int grid = gridFor(n, kBlock);
+  const int64_t blocks = elementBlocks(n, 1);
   if (to == kFloat32)
-    castKernel<<<grid, kBlock, 0, s>>>(x, n, static_cast<float*>(out));
+    launch<castKernel<T, float>>(blocks, s, x, n, static_cast<float*>(out));
   else if (to == kFloat16)
-    castKernel<<<grid, kBlock, 0, s>>>(x, n, static_cast<fp16_t*>(out));
+    launch<castKernel<T, fp16_t>>(blocks, s, x, n, static_cast<fp16_t*>(out));
   else
-    castKernel<<<grid, kBlock, 0, s>>>(x, n, static_cast<bf16_t*>(out));
+    launch<castKernel<T, bf16_t>>(blocks, s, x, n, static_cast<bf16_t*>(out));
+}
+
+template <class T>
+void launchRawToFloat(const T* x, int64_t n, float* out, bool accumulate, cudaStream_t s) {
+  launch<rawToFloatKernel<T>>(elementBlocks(n, 1), s, x, n, out, accumulate);
 }
 
 template <class T, int kInBits, bool kInSym>
 void launchHopOut(const uint8_t* src, const CodecSpec& in, const T* local, int64_t n,
                   float* partial, const CodecSpec& out, uint8_t* dst, const Noise& noise,
                   cudaStream_t s) {
-  const int grid = gridFor(numGroups(n, out), kBlock / kWarp);
+  const int64_t blocks = slabBlocks(n);
   if (out.bits == 8) {
     if (out.symmetric)
-      hopKernel<T, kInBits, kInSym, 8, true>
-          <<<grid, kBlock, 0, s>>>(src, in, local, n, partial, out, dst, noise);
+      launch<hopKernel<T, kInBits, kInSym, 8, true>>(blocks, s, src, in, local, n, partial, out,
+                                                     dst, noise);
     else
-      hopKernel<T, kInBits, kInSym, 8, false>
-          <<<grid, kBlock, 0, s>>>(src, in, local, n, partial, out, dst, noise);
+      launch<hopKernel<T, kInBits, kInSym, 8, false>>(blocks, s, src, in, local, n, partial, out,
+                                                      dst, noise);
   } else {
     if (out.symmetric)
-      hopKernel<T, kInBits, kInSym, 4, true>
-          <<<grid, kBlock, 0, s>>>(src, in, local, n, partial, out, dst, noise);
+      launch<hopKernel<T, kInBits, kInSym, 4, true>>(blocks, s, src, in, local, n, partial, out,
+                                                     dst, noise);
     else
-      hopKernel<T, kInBits, kInSym, 4, false>
-          <<<grid, kBlock, 0, s>>>(src, in, local, n, partial, out, dst, noise);
+      launch<hopKernel<T, kInBits, kInSym, 4, false>>(blocks, s, src, in, local, n, partial, out,
+                                                      dst, noise);
   }
 }
 
@@ -193,29 +362,26 @@ cudaError_t encode(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, 
 cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, bool accumulate,
                    cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const int grid = gridFor(n, kBlock);
   if (c.bits == 0) {
     if (c.rawDtype == kFloat32)
-      rawToFloatKernel<<<grid, kBlock, 0, stream>>>(reinterpret_cast<const float*>(src), n, out,
-                                                    accumulate);
+      launchRawToFloat(reinterpret_cast<const float*>(src), n, out, accumulate, stream);
     else if (c.rawDtype == kFloat16)
-      rawToFloatKernel<<<grid, kBlock, 0, stream>>>(reinterpret_cast<const fp16_t*>(src), n, out,
-                                                    accumulate);
+      launchRawToFloat(reinterpret_cast<const fp16_t*>(src), n, out, accumulate, stream);
     else
-      rawToFloatKernel<<<grid, kBlock, 0, stream>>>(reinterpret_cast<const bf16_t*>(src), n, out,
-                                                    accumulate);
+      launchRawToFloat(reinterpret_cast<const bf16_t*>(src), n, out, accumulate, stream);
     return cudaGetLastError();
   }
+  const int64_t blocks = elementBlocks(n, 4 * kDecodeUnroll);
   if (c.bits == 8) {
     if (c.symmetric)
-      decodeKernel<8, true><<<grid, kBlock, 0, stream>>>(src, n, c, out, accumulate);
+      launch<decodeKernel<8, true>>(blocks, stream, src, n, c, out, accumulate);
     else
-      decodeKernel<8, false><<<grid, kBlock, 0, stream>>>(src, n, c, out, accumulate);
+      launch<decodeKernel<8, false>>(blocks, stream, src, n, c, out, accumulate);
   } else {
     if (c.symmetric)
-      decodeKernel<4, true><<<grid, kBlock, 0, stream>>>(src, n, c, out, accumulate);
+      launch<decodeKernel<4, true>>(blocks, stream, src, n, c, out, accumulate);
     else
-      decodeKernel<4, false><<<grid, kBlock, 0, stream>>>(src, n, c, out, accumulate);
+      launch<decodeKernel<4, false>>(blocks, stream, src, n, c, out, accumulate);
   }
   return cudaGetLastError();
 }
@@ -228,16 +394,12 @@ cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void*
     // raw phases: the unfused sequence (decode, add, encode) computes the same values
     cudaError_t e = decode(src, n, in, partial, false, stream);
     if (e != cudaSuccess) return e;
-    const int grid = gridFor(n, kBlock);
     if (localDtype == kFloat32)
-      rawToFloatKernel<<<grid, kBlock, 0, stream>>>(static_cast<const float*>(local), n, partial,
-                                                    true);
+      launchRawToFloat(static_cast<const float*>(local), n, partial, true, stream);
     else if (localDtype == kFloat16)
-      rawToFloatKernel<<<grid, kBlock, 0, stream>>>(static_cast<const fp16_t*>(local), n, partial,
-                                                    true);
+      launchRawToFloat(static_cast<const fp16_t*>(local), n, partial, true, stream);
     else
-      rawToFloatKernel<<<grid, kBlock, 0, stream>>>(static_cast<const bf16_t*>(local), n, partial,
-                                                    true);
+      launchRawToFloat(static_cast<const bf16_t*>(local), n, partial, true, stream);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     return encode(partial, kFloat32, n, out, dst, noise, stream);
