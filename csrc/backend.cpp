@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "algorithms.h"
@@ -27,11 +28,13 @@ int32_t codecDtype(at::ScalarType t) {
 
 QncclBackend::QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
                            c10::intrusive_ptr<c10d::Backend> gloo,
-                           c10::intrusive_ptr<c10d::Backend> nccl, const QuantConfig& config)
+                           c10::intrusive_ptr<c10d::Backend> nccl, const QuantConfig& config,
+                           c10::intrusive_ptr<c10d::Store> store)
     : c10d::Backend(rank, size),
       timeout_(timeout),
       gloo_(std::move(gloo)),
       nccl_(std::move(nccl)),
+      store_(std::move(store)),
       config_(config) {
   TORCH_CHECK(gloo_, prefix(), "qnccl needs an inner Gloo backend");
   validateConfig(config_);
@@ -103,15 +106,39 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
   TORCH_CHECK_VALUE(!tensors.empty(), prefix(), "allreduce: no tensors given");
   if (tensors.size() != 1) return passThroughAllreduce(tensors, opts);
   at::Tensor& t = tensors[0];
-  pick(t, "allreduce");  // device checks
+  TORCH_CHECK(!shutDown_, prefix(), "allreduce: the process group has been shut down");
+  TORCH_CHECK_VALUE(t.device().is_cpu() || t.is_cuda(), prefix(), "allreduce: tensors on ",
+                    t.device(), " are not supported; qnccl takes CPU and CUDA tensors");
   Plan plan = planFor(t, opts.reduceOp);
-  if (!plan.quantize || t.is_cuda()) return passThroughAllreduce(tensors, opts);
+  if (!plan.quantize) return passThroughAllreduce(tensors, opts);
+  if (t.is_cuda()) {
+#ifdef QCOMM_WITH_CUDA
+    // Opt-in until the CUDA transports have run on a GPU (README, "CUDA tensors"): by default a
+    // CUDA allreduce stays NCCL's, exactly.
+    const char* optIn = std::getenv("QCOMM_CUDA_QUANTIZE");
+    if (!optIn || std::string(optIn) != "1") return passThroughAllreduce(tensors, opts);
+    return allreduceCuda(plan, tensors, opts);
+#else
+    return passThroughAllreduce(tensors, opts);  // a CPU-only build of qcomm: NCCL, exact
+#endif
+  }
   plan.callSeq = callSeq_++;
-
-  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
-  runQuantizedCpu(plan, t, timeout);
+  runQuantizedCpu(plan, t, callTimeout(opts));
   return c10::make_intrusive<CompletedWork>(getRank(), tensors);
 }
+
+std::chrono::milliseconds QncclBackend::callTimeout(const c10d::AllreduceOptions& opts) const {
+  return opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+}
+
+#ifndef QCOMM_WITH_CUDA
+struct CudaPath {};
+void CudaPathDeleter::operator()(CudaPath* p) const { delete p; }
+std::string QncclBackend::cudaTransport() const { return ""; }
+std::string QncclBackend::cudaTransportNote() const {
+  return "qcomm was built without CUDA: CUDA allreduces pass through to NCCL";
+}
+#endif
 
 void QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
                                    std::chrono::milliseconds timeout) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -23,11 +24,18 @@ struct Stats {
   std::atomic<int64_t> wireBytes{0};   // bytes this rank sent for quantized allreduces
 };
 
+// The CUDA side of a group (backend_cuda.cpp): the device, the transport chosen at the first
+// quantized CUDA allreduce, and the side stream of async ops.
+struct CudaPath;
+struct CudaPathDeleter {
+  void operator()(CudaPath* p) const;
+};
+
 class QncclBackend : public c10d::Backend {
  public:
   QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
                c10::intrusive_ptr<c10d::Backend> gloo, c10::intrusive_ptr<c10d::Backend> nccl,
-               const QuantConfig& config);
+               const QuantConfig& config, c10::intrusive_ptr<c10d::Store> store = {});
   ~QncclBackend() override;
 
   const std::string getBackendName() const override { return "qnccl"; }
@@ -42,6 +50,10 @@ class QncclBackend : public c10d::Backend {
   // The plan an allreduce of this tensor would take now (for tests and diagnostics).
   Plan planFor(const at::Tensor& t, c10d::ReduceOp op) const;
   c10::intrusive_ptr<c10d::Backend> inner(bool cuda) const { return cuda ? nccl_ : gloo_; }
+  // The transport quantized CUDA allreduces use ("ipc" or "nccl"), "" before the first one, and
+  // why CUDA IPC was not chosen (empty when it was).
+  std::string cudaTransport() const;
+  std::string cudaTransportNote() const;
 
   // the quantized collective
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -113,12 +125,20 @@ class QncclBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> passThroughAllreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts);
   void runQuantizedCpu(const Plan& plan, at::Tensor& tensor, std::chrono::milliseconds timeout);
+  c10::intrusive_ptr<c10d::Work> allreduceCuda(Plan plan, std::vector<at::Tensor>& tensors,
+                                               const c10d::AllreduceOptions& opts);
+  // The CUDA path of this group, set up (collectively, through the store) on first use.
+  CudaPath& cudaPath(int device, bool capturing);
+  std::chrono::milliseconds callTimeout(const c10d::AllreduceOptions& opts) const;
   // Exchange the plan's header; throws on every rank, naming the difference, if ranks disagree.
   void agreeOnPlan(const Plan& plan, Transport& t);
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
   c10::intrusive_ptr<c10d::Backend> nccl_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  mutable std::mutex cudaMutex_;
+  std::unique_ptr<CudaPath, CudaPathDeleter> cuda_;
   mutable std::mutex configMutex_;
   QuantConfig config_;
   Stats stats_;

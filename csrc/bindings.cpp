@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "codec_cpu.h"
+#include "ipc_layout.h"
 
 namespace py = pybind11;
 
@@ -135,7 +136,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<QncclBackend, NoGilPtr<QncclBackend>>(m, "QncclBackend", backendBase)
       .def(py::init([](int rank, int size, std::chrono::milliseconds timeout, py::object gloo,
-                       py::object nccl, py::tuple cfg) {
+                       py::object nccl, py::tuple cfg, py::object store) {
              auto asBackend = [](py::object o) -> c10::intrusive_ptr<c10d::Backend> {
                if (o.is_none()) return {};
                return c10::intrusive_ptr<c10d::Backend>::reclaim_copy(o.cast<c10d::Backend*>());
@@ -144,11 +145,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                  configFromArgs(cfg[0].cast<int>(), cfg[1].cast<int>(), cfg[2].cast<int>(),
                                 cfg[3].cast<int>(), cfg[4].cast<bool>(), cfg[5].cast<int64_t>(),
                                 cfg[6].cast<int>(), cfg[7].cast<bool>(), cfg[8].cast<bool>());
+             c10::intrusive_ptr<c10d::Store> st;
+             if (!store.is_none()) {
+               st = c10::intrusive_ptr<c10d::Store>::reclaim_copy(store.cast<c10d::Store*>());
+             }
              return c10::make_intrusive<QncclBackend>(rank, size, timeout, asBackend(gloo),
-                                                      asBackend(nccl), c);
+                                                      asBackend(nccl), c, st);
            }),
            py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("gloo"), py::arg("nccl"),
-           py::arg("config"))
+           py::arg("config"), py::arg("store") = py::none())
+      .def("cuda_transport", &QncclBackend::cudaTransport)
+      .def("cuda_transport_note", &QncclBackend::cudaTransportNote)
       .def(
           "set_config",
           [](QncclBackend& b, py::tuple cfg) {
@@ -196,6 +203,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat);
   m.def("cast_from_float", &castFloat, py::arg("x"), py::arg("dtype"));
   m.def("cast_to_float", &castToFloatT, py::arg("x"));
+  m.def(
+      "ipc_geometry",
+      [](int64_t chunkElems, int rsBits, int agBits, int groupSize, bool symmetric,
+         at::ScalarType dtype, int world, int64_t bufferBytes) {
+        const int32_t raw = dtypeCode(dtype);
+        const IpcGeometry g =
+            ipcGeometry(chunkElems, CodecSpec{rsBits, groupSize, symmetric ? 1 : 0, raw},
+                        CodecSpec{agBits, groupSize, symmetric ? 1 : 0, raw}, world, bufferBytes);
+        py::dict d;
+        d["tile_elems"] = g.tileElems;
+        d["slot_bytes"] = g.slotBytes;
+        d["tiles_per_chunk"] = g.tilesPerChunk;
+        d["piece_tiles"] = g.pieceTiles;
+        d["pieces"] = g.pieces;
+        d["data_offset"] = kIpcDataOffset;
+        d["max_slots"] = kIpcMaxSlots;
+        d["error"] = g.error;
+        return d;
+      },
+      py::arg("chunk_elems"), py::arg("rs_bits"), py::arg("ag_bits"), py::arg("group_size"),
+      py::arg("symmetric"), py::arg("dtype"), py::arg("world"), py::arg("buffer_bytes"));
   m.def("encoded_bytes", [](int64_t n, int bits, int groupSize, bool symmetric) {
     return encodedBytes(n, CodecSpec{bits, groupSize, symmetric ? 1 : 0, kFloat32});
   });

@@ -52,7 +52,9 @@ def _create(opts, pg_options):
         nopts.global_ranks_in_group = list(opts.global_ranks_in_group)
         nopts.group_name = opts.group_id
         nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, nopts)
-    return _C.QncclBackend(rank, size, timeout, gloo, nccl, cfg.as_tuple())
+    # the store also carries the CUDA-IPC buffer handles (csrc/cuda_ipc.cpp)
+    ipc_store = dist.PrefixStore("qcomm", store)
+    return _C.QncclBackend(rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store)
 
 
 def _register() -> None:

@@ -1,0 +1,164 @@
+"""Cost of the fused CUDA-IPC two_step on one GPU: W ranks as threads of one process, each with
+its own stream, so their kernels run side by side on the one GPU (processes sharing a GPU would
+time-slice instead, and their timings would mean nothing).
+
+All W ranks share one GPU's memory bandwidth and SMs, so the time measured here is the time to
+allreduce W messages on one chip: on a node with one GPU per rank, each GPU does 1/W of this work.
+We report it as a cost per byte of one rank's message (time / (W x bytes)) beside the device-to-
+device copy of the same bytes (time for W copies of the message); the cost model
+(benchmarks/cost_model.py) reads the `fused_two_step` rows of the CSV.
+
+    python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64,256 --csv out.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import qcomm  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--sizes-mib", default="16,64,256")
+    ap.add_argument("--bits", default="8/8,4/4")
+    # float32 by default: the cost model reads these rows as fp32 messages
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--csv", default=None)
+    args = ap.parse_args()
+    if not (torch.cuda.is_available() and qcomm.compiled_with_cuda()):
+        print("needs a CUDA device and the CUDA build of qcomm", file=sys.stderr)
+        return 2
+    dtype = getattr(torch, args.dtype)
+    world = args.world
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # W kernels share one chip: give each 1/W of the SMs so that all their blocks are resident
+    os.environ["QCOMM_IPC_BLOCKS"] = str(max(1, sms // world))
+    os.environ["QCOMM_CUDA_QUANTIZE"] = "1"  # opt-in until the CUDA path has run on a GPU
+    store = dist.HashStore()
+    timeout = datetime.timedelta(seconds=60)
+    backends = [None] * world
+
+    def on_all(fn):
+        errors = []
+
+        def run(r):
+            try:
+                torch.cuda.set_device(0)
+                fn(r)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(f"rank {r}: {e}")
+
+        ts = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
+    def make(r):
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), r, world, timeout)
+        backends[r] = qcomm._C.QncclBackend(
+            r,
+            world,
+            timeout,
+            gloo,
+            None,
+            qcomm.QuantConfig(min_bytes=0).as_tuple(),
+            dist.PrefixStore("qcomm", store),
+        )
+
+    on_all(make)
+    streams = [torch.cuda.Stream() for _ in range(world)]
+    rows = []
+    print(
+        f"# {torch.cuda.get_device_name()}, {world} ranks as threads on one GPU, {args.dtype}, "
+        f"{sms // world} blocks per rank"
+    )
+    print("| MiB/rank | bits | time_us | us per MiB of one rank | copy_us (W msgs) | x copy |")
+    print("|---|---|---|---|---|---|")
+    for mib in (int(s) for s in args.sizes_mib.split(",")):
+        numel = mib * 2**20 // torch.tensor([], dtype=dtype).element_size()
+        xs = [torch.randn(numel, device="cuda").to(dtype) for _ in range(world)]
+        # copy reference: W messages read and written once
+        src = torch.cat(xs)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(args.iters):
+            dst.copy_(src)
+        e1.record()
+        torch.cuda.synchronize()
+        copy_us = e0.elapsed_time(e1) / args.iters * 1e3
+        for bits in args.bits.split(","):
+            rs, ag = (int(b) for b in bits.split("/"))
+            cfg = qcomm.QuantConfig(rs_bits=rs, ag_bits=ag, min_bytes=0).as_tuple()
+            times = [0.0] * world
+
+            def run(r, cfg=cfg, times=times, xs=xs):
+                backends[r].set_config(cfg)
+                with torch.cuda.stream(streams[r]):
+                    o = dist.AllreduceOptions()
+                    o.asyncOp = False
+                    backends[r].allreduce([xs[r]], o).wait()  # warm-up (and set-up)
+                    streams[r].synchronize()
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    torch.cuda._sleep(200_000_000)  # keep the GPU busy while the host enqueues
+                    start.record()
+                    for _ in range(args.iters):
+                        backends[r].allreduce([xs[r]], o).wait()
+                    end.record()
+                    end.synchronize()
+                    times[r] = start.elapsed_time(end) / args.iters * 1e3
+
+            on_all(run)
+            t = max(times)
+            per_mib = t / (world * mib)
+            # the cost model's row: one rank's share of the chip's time (t / W), asym (default)
+            rows.append(
+                [
+                    mib,
+                    "fused_two_step",
+                    bits,
+                    "asym",
+                    f"{t / world:.1f}",
+                    f"{world * mib * 2**20 / (t * 1e-6) / 1e9:.1f}",
+                    f"{copy_us / t:.2f}",
+                ]
+            )
+            print(
+                f"| {mib} | {bits} | {t:.1f} | {per_mib:.2f} | {copy_us:.1f} | {copy_us / t:.2f} |",
+                flush=True,
+            )
+            if any(torch.isnan(x.float()).any() for x in xs):
+                print("non-finite values appeared", file=sys.stderr)
+                return 1
+            for x in xs:  # keep magnitudes bounded across repeated in-place sums
+                x.div_(world ** (args.iters + 1))
+        del xs, src, dst
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["MiB", "kernel", "bits", "scale", "time_us", "GB/s (read+write)", "x copy"])
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+// QncclBackend's quantized allreduce of CUDA tensors: transport choice, streams and Work, as
+// ProcessGroupNCCL does them. Built only with CUDA.
+//
+// Streams: the input is taken as ready on the caller's current stream. An async op (asyncOp, the
+// default of torch.distributed.all_reduce) runs on the group's side stream after an event
+// recorded on the current stream; its Work's wait() makes the then-current stream wait for the
+// end event, without blocking the host. asyncOp=false (torch 2.8+) runs on the current stream
+// itself. Nothing here synchronizes with the device, so the op can be captured in a CUDA graph
+// once the group's transport is set up (the first quantized CUDA allreduce does that).
+#ifdef QCOMM_WITH_CUDA
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdlib>
+
+#include "backend.h"
+#include "cuda_ipc.h"
+#include "work.h"
+
+namespace qcomm {
+
+struct CudaPath {
+  int device = -1;
+  std::shared_ptr<IpcTransport> ipc;  // null: the NCCL transport (shared with the Works)
+  std::string note;                   // why IPC was not chosen
+  c10::cuda::CUDAStream side;
+  explicit CudaPath(c10::cuda::CUDAStream s) : side(s) {}
+};
+
+void CudaPathDeleter::operator()(CudaPath* p) const { delete p; }
+
+namespace {
+
+// QCOMM_TRANSPORT: auto (IPC when every rank can map every peer's buffer, else NCCL), ipc, nccl.
+std::string transportMode(const std::string& prefix) {
+  const char* v = std::getenv("QCOMM_TRANSPORT");
+  const std::string mode = v && *v ? v : "auto";
+  TORCH_CHECK_VALUE(mode == "auto" || mode == "ipc" || mode == "nccl", prefix,
+                    "invalid QCOMM_TRANSPORT '", mode, "'; allowed: auto, ipc, nccl");
+  return mode;
+}
+
+// QCOMM_IPC_BUFFER_MB: each rank's CUDA-IPC buffer, in MiB (default 32).
+int64_t ipcBufferBytes(const std::string& prefix) {
+  const char* v = std::getenv("QCOMM_IPC_BUFFER_MB");
+  if (!v || !*v) return int64_t(32) << 20;
+  char* end = nullptr;
+  const long long mb = std::strtoll(v, &end, 10);
+  TORCH_CHECK_VALUE(end && *end == '\0' && mb >= 1 && mb <= 65536, prefix,
+                    "invalid QCOMM_IPC_BUFFER_MB '", v, "'; allowed: an integer from 1 to 65536");
+  return int64_t(mb) << 20;
+}
+
+// The NCCL transport (collective_algos.cpp): pending merge of that work.
+int64_t runCollectiveCuda(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor& data,
+                          cudaStream_t stream, std::chrono::milliseconds timeout) {
+  TORCH_CHECK(false, rankPrefix(rank, plan.world),
+              "allreduce: the NCCL transport for quantized CUDA allreduces is not in this build");
+  return 0;
+}
+
+bool isCapturing(const c10::cuda::CUDAStream& s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(s.stream(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+std::string QncclBackend::cudaTransport() const {
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  if (!cuda_) return "";
+  return cuda_->ipc ? "ipc" : "nccl";
+}
+
+std::string QncclBackend::cudaTransportNote() const {
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  return cuda_ ? cuda_->note : "";
+}
+
+CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  if (cuda_) {
+    TORCH_CHECK_VALUE(
+        cuda_->device == device, prefix(),
+        "allreduce: this group's quantized CUDA allreduces run on cuda:", cuda_->device,
+        ", got a tensor on cuda:", device, "; use one device per rank and group, as with NCCL");
+    return *cuda_;
+  }
+  TORCH_CHECK(!capturing, prefix(),
+              "allreduce: the first quantized CUDA allreduce of a group sets up its transport "
+              "(buffers, handles) and cannot run under CUDA graph capture; run one allreduce on "
+              "the group before capturing (a warm-up, as torch.cuda.graph recommends)");
+  const std::string mode = transportMode(prefix());
+  std::unique_ptr<CudaPath, CudaPathDeleter> p(
+      new CudaPath(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)));
+  p->device = device;
+  if (mode == "nccl") {
+    p->note = "QCOMM_TRANSPORT=nccl";
+  } else if (!store_) {
+    p->note = "no store was given to the backend";
+  } else {
+    p->ipc = IpcTransport::create(*store_, getRank(), getSize(), device, ipcBufferBytes(prefix()),
+                                  &p->note);
+  }
+  TORCH_CHECK(mode != "ipc" || p->ipc, prefix(),
+              "QCOMM_TRANSPORT=ipc but CUDA IPC is not possible in this group: ", p->note);
+  cuda_ = std::move(p);
+  return *cuda_;
+}
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
+                                                           std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  at::Tensor& t = tensors[0];
+  TORCH_CHECK_VALUE(!plan.rotate, prefix(),
+                    "allreduce: rotate=True is not supported for CUDA tensors yet (CPU only); "
+                    "set rotate=False for this group");
+  const int device = t.device().index();
+  c10::cuda::CUDAGuard guard(t.device());
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+  CudaPath& path = cudaPath(device, isCapturing(current));
+  const std::string pre = prefix();
+  std::shared_ptr<IpcTransport> ipc = path.ipc;
+  std::function<void()> check = [ipc, pre]() {
+    if (ipc) ipc->checkError(pre);
+  };
+  check();  // an earlier call's kernel gave up: say so before enqueuing more
+  const auto timeout = callTimeout(opts);
+  plan.callSeq = callSeq_++;
+  Transport control(gloo_.get(), getRank(), getSize(), timeout);
+  agreeOnPlan(plan, control);  // host-side, over Gloo: nothing waits for the device
+  const bool useIpc = ipc && plan.algorithm == kTwoStep;
+  TORCH_CHECK(useIpc || nccl_, prefix(), "allreduce: no NCCL backend for the ",
+              algoName(plan.algorithm), " algorithm (CUDA IPC runs two_step only)");
+
+  const c10::cuda::CUDAStream run = opts.asyncOp ? path.side : current;
+  if (opts.asyncOp) {
+    at::cuda::CUDAEvent ready;
+    ready.record(current);
+    ready.block(run);
+  }
+  int64_t wire = 0;
+  {
+    c10::cuda::CUDAStreamGuard onRun(run);
+    at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+    if (useIpc) {
+      wire = ipc->run(plan, buf, run.stream(), timeout);
+    } else {
+      wire = runCollectiveCuda(plan, *nccl_, getRank(), buf, run.stream(), timeout);
+    }
+    if (!buf.is_same(t)) t.copy_(buf);
+  }
+  if (opts.asyncOp) {
+    // the caller's tensor is used on the side stream: keep its memory from being reused before
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), run);
+  }
+  auto done = std::make_shared<at::cuda::CUDAEvent>();
+  done->record(run);
+  stats_.quantizedCalls++;
+  stats_.inputBytes += t.numel() * t.element_size();
+  stats_.wireBytes += wire;
+  return c10::make_intrusive<CudaWork>(getRank(), tensors, std::move(done), run, std::move(check));
+}
+
+}  // namespace qcomm
+
+#endif  // QCOMM_WITH_CUDA

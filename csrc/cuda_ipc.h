@@ -1,0 +1,55 @@
+// The CUDA-IPC intra-node transport (host side): one buffer per rank, allocated once, its handle
+// exchanged through the group's store, every peer's mapped; and the launch of the fused two_step
+// (csrc/cuda/ipc_two_step.cu) on a stream. Built only with CUDA.
+#pragma once
+
+#ifdef QCOMM_WITH_CUDA
+
+#include <ATen/ATen.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "cuda/ipc_two_step.h"
+#include "plan.h"
+
+namespace qcomm {
+
+class IpcTransport {
+ public:
+  // Collective over the store (every rank of the group calls it once, with the same bufferBytes):
+  // decides whether every rank can map every peer's buffer (same host; each peer's GPU is this
+  // rank's GPU or reachable with peer access) and, if so, maps them. Returns null with `whyNot`
+  // set when IPC is not possible; the verdict is the same on every rank.
+  static std::unique_ptr<IpcTransport> create(c10d::Store& store, int rank, int world, int device,
+                                              int64_t bufferBytes, std::string* whyNot);
+  ~IpcTransport();
+  IpcTransport(const IpcTransport&) = delete;
+  IpcTransport& operator=(const IpcTransport&) = delete;
+
+  // Enqueue the fused two_step of `plan` on `data` (contiguous, on this rank's device) on
+  // `stream`. Returns the bytes this rank writes into peers' buffers.
+  int64_t run(const Plan& plan, at::Tensor& data, cudaStream_t stream,
+              std::chrono::milliseconds timeout);
+  // Throws, naming rank, step, peer and tile, if a kernel of this transport gave up. Reads
+  // host-mapped memory: never synchronizes.
+  void checkError(const std::string& prefix) const;
+  int64_t bufferBytes() const { return bufferBytes_; }
+
+ private:
+  IpcTransport() = default;
+  int rank_ = 0, world_ = 0, device_ = 0, smCount_ = 0;
+  int64_t bufferBytes_ = 0;
+  uint8_t* own_ = nullptr;
+  uint8_t* peers_[kIpcMaxRanks] = {};  // mapped (own_ at rank_)
+  bool opened_[kIpcMaxRanks] = {};     // mapped through cudaIpcOpenMemHandle (to close)
+  gpu::IpcError* hostError_ = nullptr;
+  gpu::IpcError* deviceError_ = nullptr;
+};
+
+}  // namespace qcomm
+
+#endif  // QCOMM_WITH_CUDA

@@ -1,0 +1,30 @@
+// The CUDA-IPC buffer layout and tiling (see ipc_layout.h).
+#include "ipc_layout.h"
+
+#include <algorithm>
+
+namespace qcomm {
+
+IpcGeometry ipcGeometry(int64_t chunkElems, const CodecSpec& rs, const CodecSpec& ag, int world,
+                        int64_t bufferBytes) {
+  IpcGeometry g;
+  g.tileElems = std::max<int64_t>(1, std::min<int64_t>(kIpcTileElems, chunkElems));
+  g.slotBytes = alignUp16(std::max(encodedBytes(g.tileElems, rs), encodedBytes(g.tileElems, ag)));
+  g.tilesPerChunk = (chunkElems + g.tileElems - 1) / g.tileElems;
+  const int64_t data = bufferBytes - kIpcDataOffset;
+  const int64_t fit = data > 0 ? data / (2 * int64_t(world) * g.slotBytes) : 0;
+  g.pieceTiles = std::min({fit, kIpcMaxSlots, std::max<int64_t>(g.tilesPerChunk, 1)});
+  if (world > kIpcMaxRanks) {
+    g.error = "the CUDA-IPC transport takes at most " + std::to_string(kIpcMaxRanks) + " ranks";
+  } else if (g.pieceTiles < 1) {
+    g.error = "the CUDA-IPC buffer (" + std::to_string(bufferBytes) +
+              " bytes) cannot hold one tile per rank (" +
+              std::to_string(kIpcDataOffset + 2 * int64_t(world) * g.slotBytes) +
+              " bytes needed); raise QCOMM_IPC_BUFFER_MB";
+    g.pieceTiles = 0;
+  }
+  g.pieces = g.pieceTiles > 0 ? (g.tilesPerChunk + g.pieceTiles - 1) / g.pieceTiles : 0;
+  return g;
+}
+
+}  // namespace qcomm

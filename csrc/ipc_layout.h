@@ -1,0 +1,55 @@
+// Layout of the CUDA-IPC transport's buffers and the fused two_step's tiling: plain host code, no
+// CUDA and no torch, so the CPU tests check it and the kernel (csrc/cuda/ipc_two_step.cu) and the
+// host side (csrc/cuda_ipc.cpp) share one definition.
+//
+// Every rank allocates one buffer of the same size once and maps every peer's. A buffer holds:
+//   [control: 256 B][reduce flags: kIpcMaxRanks x kIpcMaxSlots u32][gather flags: same][data]
+// The flag arrays sit at fixed offsets whatever the call's config, so a word that held data in one
+// call can never be read as a flag in another. The data region of one piece holds
+//   reduce slots [source rank q][slot s] then gather slots [owner o][slot s],
+// each slot one encoded tile (tileElems elements, whole groups, never straddling two chunks).
+// A message larger than the buffer runs as several pieces; piece p covers tiles
+// [p * pieceTiles, ...) of every chunk, so chunk ownership and every group's arithmetic are those
+// of the plan, whatever the buffer size (bit-identity with the CPU path does not depend on it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "codec.h"
+
+namespace qcomm {
+
+constexpr int kIpcMaxRanks = 8;
+constexpr int64_t kIpcMaxSlots = 4096;
+constexpr int64_t kIpcControlBytes = 256;
+constexpr int64_t kIpcFlagBytes = int64_t(kIpcMaxRanks) * kIpcMaxSlots * 4;
+constexpr int64_t kIpcReduceFlagsOffset = kIpcControlBytes;
+constexpr int64_t kIpcGatherFlagsOffset = kIpcReduceFlagsOffset + kIpcFlagBytes;
+constexpr int64_t kIpcDataOffset = kIpcGatherFlagsOffset + kIpcFlagBytes;
+// control words (uint32 each): the epoch this rank last completed, and the abort word a rank that
+// gives up sets in every peer's buffer so their spins end at once.
+constexpr int64_t kIpcEpochOffset = 0;
+constexpr int64_t kIpcAbortOffset = 64;
+// Elements per tile, before clipping to the chunk: a multiple of every group size (32..1024).
+constexpr int64_t kIpcTileElems = 4096;
+
+struct IpcGeometry {
+  int64_t tileElems = 0;  // elements per tile (the last tile of a chunk may be shorter)
+  int64_t slotBytes = 0;  // bytes per slot: the larger encoded tile of the two phases, 16-aligned
+  int64_t tilesPerChunk = 0;  // tiles of a full chunk
+  int64_t pieceTiles = 0;     // tiles of each chunk per piece (slots per source or owner)
+  int64_t pieces = 0;         // launches per call
+  std::string error;          // non-empty when the buffer cannot hold even one tile per rank
+};
+
+// The tiling of a two_step plan (chunkElems, codecs, world) into a buffer of bufferBytes.
+IpcGeometry ipcGeometry(int64_t chunkElems, const CodecSpec& rs, const CodecSpec& ag, int world,
+                        int64_t bufferBytes);
+
+// Bytes of the data region a piece of pieceTiles tiles uses (both phases, all ranks).
+inline int64_t ipcPieceBytes(const IpcGeometry& g, int world) {
+  return 2 * int64_t(world) * g.pieceTiles * g.slotBytes;
+}
+
+}  // namespace qcomm

@@ -1,0 +1,253 @@
+"""Quantized allreduce of CUDA tensors over the CUDA-IPC transport (the fused two_step kernel).
+
+Ranks are processes that share one GPU (NCCL refuses two ranks on one GPU; CUDA IPC does not):
+world sizes 2 and 4 on cuda:0. Every result must equal qcomm/reference.py bit for bit (so every
+rank holds the same bits, and the CPU path's), lie within the codec's bound of the exact sum, and
+land in place. Processes that share a GPU run by time-slicing, so nothing here is timed.
+
+The IPC layout arithmetic (csrc/ipc_layout.cpp) is checked on CPU too; everything else skips
+without a GPU and the CUDA build.
+"""
+
+import itertools
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import qcomm
+from qcomm import reference as ref
+
+from dist_util import run_ranks
+
+HAVE_GPU = torch.cuda.is_available() and qcomm.compiled_with_cuda()
+# the quantized CUDA path is opt-in until it has run on a GPU (README, "CUDA tensors")
+ENV = {"QCOMM_CUDA_QUANTIZE": "1", "QCOMM_IPC_SPIN_TIMEOUT_MS": "20000"}
+gpu = pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA device and the CUDA build of qcomm")
+
+BITS = [(8, 8), (4, 8), (4, 4), (None, 8), (8, None)]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+# ---- the layout (CPU) ----
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("bits", [(8, 8), (4, 4), (0, 8), (8, 0)])
+def test_ipc_geometry_covers_every_tile_within_the_buffer(world, bits):
+    for chunk, buffer_mb in itertools.product([128, 4096, 4096 * 7 + 128, 2**22], [1, 32]):
+        g = qcomm._C.ipc_geometry(
+            chunk, bits[0], bits[1], 128, False, torch.bfloat16, world, buffer_mb << 20
+        )
+        assert g["error"] == "", g
+        assert g["tile_elems"] % 128 == 0 and g["tile_elems"] <= 4096
+        assert g["tiles_per_chunk"] * g["tile_elems"] >= chunk
+        assert (g["tiles_per_chunk"] - 1) * g["tile_elems"] < chunk
+        assert 1 <= g["piece_tiles"] <= g["max_slots"]
+        assert g["pieces"] * g["piece_tiles"] >= g["tiles_per_chunk"]
+        assert (g["pieces"] - 1) * g["piece_tiles"] < g["tiles_per_chunk"]
+        used = g["data_offset"] + 2 * world * g["piece_tiles"] * g["slot_bytes"]
+        assert used <= buffer_mb << 20
+        for b in bits:
+            need = (
+                qcomm._C.encoded_bytes(g["tile_elems"], b, 128, False) if b else 2 * g["tile_elems"]
+            )
+            assert g["slot_bytes"] >= need and g["slot_bytes"] % 16 == 0
+
+
+def test_ipc_geometry_refuses_what_does_not_fit():
+    g = qcomm._C.ipc_geometry(4096, 8, 8, 128, False, torch.float32, 8, 300 * 1024)
+    assert g["pieces"] == 0 and "QCOMM_IPC_BUFFER_MB" in g["error"]
+    g = qcomm._C.ipc_geometry(4096, 8, 8, 128, False, torch.float32, 9, 32 << 20)
+    assert "at most 8 ranks" in g["error"]
+
+
+# ---- the GPU ----
+
+
+def _inputs(world, numel, dtype, seed):
+    xs = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(seed * 1000 + r)
+        xs.append(torch.randn(numel, generator=g).to(dtype))
+    return xs
+
+
+def _same_bits(a, b):
+    na, nb = torch.isnan(a), torch.isnan(b)
+    return torch.equal(na, nb) and torch.equal(a[~na], b[~nb])
+
+
+def _case(
+    rank,
+    world,
+    rs,
+    ag,
+    dtype,
+    numel,
+    seed,
+    average=False,
+    symmetric=False,
+    stochastic=False,
+    async_op=False,
+):
+    cfg = qcomm.QuantConfig(
+        algorithm="two_step",
+        rs_bits=rs,
+        ag_bits=ag,
+        min_bytes=0,
+        symmetric=symmetric,
+        stochastic_rounding=stochastic,
+    )
+    qcomm.set_config(cfg)
+    xs = _inputs(world, numel, dtype, seed)
+    x = xs[rank].cuda()
+    seq = qcomm.stats()["next_call_seq"]
+    op = dist.ReduceOp.AVG if average else dist.ReduceOp.SUM
+    work = dist.all_reduce(x, op=op, async_op=async_op)
+    if async_op:
+        work.wait()  # the current stream waits; the host does not
+    got = x.cpu()
+    name = (
+        f"rs={rs} ag={ag} {dtype} n={numel} avg={average} sym={symmetric} "
+        f"sr={stochastic} async={async_op}"
+    )
+    r = ref.allreduce(
+        xs,
+        "two_step",
+        rs,
+        ag,
+        symmetric=symmetric,
+        average=average,
+        stochastic_seq=seq if stochastic else None,
+    )
+    problems = []
+    if not _same_bits(got, r.out):
+        diff = (got.double() - r.out.double()).abs().max().item()
+        bad = int((got != r.out).sum())
+        problems.append(f"{name}: differs from the reference at {bad} elements (max {diff})")
+    elif not bool(((got.double() - r.exact).abs() <= r.bound).all()):
+        problems.append(f"{name}: outside the codec's bound")
+    return problems
+
+
+def _matrix_worker(rank, world):
+    torch.cuda.set_device(0)
+    problems = []
+    i = 0
+    for (rs, ag), dtype, numel in itertools.product(BITS, DTYPES, [1, 7, 1000, 65539]):
+        i += 1
+        problems += _case(rank, world, rs, ag, dtype, numel, i)
+    if qcomm.backend_of().cuda_transport() != "ipc":
+        problems.append(
+            "transport is "
+            + qcomm.backend_of().cuda_transport()
+            + ": "
+            + qcomm.backend_of().cuda_transport_note()
+        )
+    # AVG, symmetric, stochastic rounding, async on the side stream, a large message
+    problems += _case(rank, world, 8, 8, torch.float32, 4099, 101, average=True)
+    problems += _case(rank, world, 4, 8, torch.bfloat16, 5000, 102, symmetric=True)
+    problems += _case(rank, world, 4, 4, torch.float32, 9000, 103, stochastic=True)
+    problems += _case(rank, world, 8, 8, torch.bfloat16, 3 * 2**20 + 5, 104, async_op=True)
+    problems += _case(rank, world, 4, 8, torch.float16, 2**22, 105, average=True)
+    return problems
+
+
+@gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_ipc_two_step_matches_the_reference(world):
+    problems = run_ranks(_matrix_worker, world, timeout=400, env=ENV)
+    flat = sorted(set(p for ps in problems for p in ps))
+    assert not flat, "\n".join(flat[:30])
+
+
+def _pieces_worker(rank, world):
+    # a 1 MiB buffer: a 4M-element message runs as many pieces, and epochs advance per piece
+    torch.cuda.set_device(0)
+    problems = []
+    for seed, (dtype, numel) in enumerate([(torch.float32, 2**22 + 77), (torch.bfloat16, 300001)]):
+        problems += _case(rank, world, 8, 8, dtype, numel, 300 + seed)
+        problems += _case(rank, world, 4, 8, dtype, numel, 400 + seed, average=True)
+    return problems
+
+
+@gpu
+def test_ipc_message_larger_than_the_buffer_runs_in_pieces():
+    problems = run_ranks(_pieces_worker, 2, timeout=300, env={**ENV, "QCOMM_IPC_BUFFER_MB": "1"})
+    flat = sorted(set(p for ps in problems for p in ps))
+    assert not flat, "\n".join(flat)
+
+
+def _semantics_worker(rank, world):
+    torch.cuda.set_device(0)
+    problems = []
+    qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
+    xs = _inputs(world, 64 * 64, torch.float32, 7)
+    want = ref.allreduce([x.view(64, 64).t().contiguous().flatten() for x in xs]).out
+    # in place on a non-contiguous view, async: Work, future and stream order
+    m = xs[rank].cuda().view(64, 64)
+    view = m.t()
+    work = dist.all_reduce(view, async_op=True)
+    fut = work.get_future()
+    work.wait()
+    after = (view * 1).contiguous().flatten().cpu()  # enqueued after wait(): must see the result
+    if not torch.equal(after, want.view(64, 64).flatten()):
+        problems.append("async non-contiguous: wrong result after wait()")
+    if not torch.equal(fut.wait()[0].contiguous().flatten().cpu(), want.view(64, 64).flatten()):
+        problems.append("the future's value is not the result")
+    torch.cuda.synchronize()
+    if not work.is_completed():
+        problems.append("work not completed after synchronize")
+    # a rank whose call differs: both raise, naming the field, and the group stays usable
+    x = torch.ones(1000 + rank, device="cuda")
+    try:
+        dist.all_reduce(x)
+        problems.append("a numel mismatch did not raise")
+    except RuntimeError as e:
+        if "numel" not in str(e):
+            problems.append(f"mismatch error does not name numel: {e}")
+    problems += _case(rank, world, 8, 8, torch.float32, 1000, 9)
+    return problems
+
+
+@gpu
+def test_ipc_streams_work_and_errors():
+    problems = run_ranks(_semantics_worker, 2, timeout=300, env=ENV)
+    flat = sorted(set(p for ps in problems for p in ps))
+    assert not flat, "\n".join(flat)
+
+
+def _graph_worker(rank, world, replays):
+    torch.cuda.set_device(0)
+    cfg = qcomm.QuantConfig(rs_bits=8, ag_bits=8, min_bytes=0)
+    qcomm.set_config(cfg)
+    numel = 10007
+    static = torch.zeros(numel, device="cuda")
+    dist.all_reduce(static)  # warm-up: sets up the transport outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(static)
+    problems = []
+    for i in range(replays):
+        xs = _inputs(world, numel, torch.float32, 1000 + i)
+        static.copy_(xs[rank].cuda())
+        graph.replay()
+        got = static.cpu()
+        want = ref.allreduce(xs).out
+        if not torch.equal(got, want):
+            problems.append(
+                f"replay {i}: differs from the reference at {int((got != want).sum())} elements"
+            )
+            break
+    # the group still runs eager calls after the replays (the epochs stayed in step)
+    problems += _case(rank, world, 8, 8, torch.float32, 5000, 77)
+    return problems
+
+
+@gpu
+def test_ipc_two_step_in_a_cuda_graph_replays_with_changing_inputs():
+    problems = run_ranks(_graph_worker, 2, 100, timeout=400, env=ENV)
+    flat = sorted(set(p for ps in problems for p in ps))
+    assert not flat, "\n".join(flat)
