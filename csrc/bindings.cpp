@@ -1,10 +1,15 @@
 // Python bindings of qcomm._C: the backend class, its configuration and statistics, and the codec
 // entry points the tests compare against qcomm/reference.py.
 #include <pybind11/chrono.h>
+#include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include <thread>
+
+#include "algorithms.h"
 #include "backend.h"
 #include "codec_cpu.h"
+#include "ipc_host.h"
 #include "ipc_layout.h"
 
 namespace py = pybind11;
@@ -118,6 +123,76 @@ py::dict configToDict(const QuantConfig& c) {
   return d;
 }
 
+// The fused CUDA-IPC two_step's protocol run on host memory, one thread per rank of `ranks`
+// (default all), in place on `inputs` (one CPU tensor per rank) over `buffers` (one zeroed byte
+// tensor per rank, kept by the caller across calls so epochs carry on). For the CPU tests.
+std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<at::Tensor> buffers,
+                                   py::tuple cfg, bool average, uint32_t callSeq, int64_t timeoutMs,
+                                   std::vector<int> ranks) {
+  const int world = int(inputs.size());
+  TORCH_CHECK_VALUE(world >= 2 && buffers.size() == inputs.size(),
+                    "ipc_two_step_emulate: one input and one buffer per rank, at least 2 ranks");
+  const QuantConfig c =
+      configFromArgs(cfg[0].cast<int>(), cfg[1].cast<int>(), cfg[2].cast<int>(), cfg[3].cast<int>(),
+                     cfg[4].cast<bool>(), cfg[5].cast<int64_t>(), cfg[6].cast<int>(),
+                     cfg[7].cast<bool>(), cfg[8].cast<bool>());
+  CallFacts f;
+  f.numel = inputs[0].numel();
+  f.dtype = dtypeCode(inputs[0].scalar_type());
+  f.opSum = !average;
+  f.opAvg = average;
+  f.world = world;
+  for (int r = 0; r < world; ++r) {
+    TORCH_CHECK_VALUE(inputs[r].device().is_cpu() && inputs[r].is_contiguous() &&
+                          inputs[r].numel() == f.numel &&
+                          inputs[r].scalar_type() == inputs[0].scalar_type(),
+                      "ipc_two_step_emulate: contiguous CPU inputs of one dtype and numel");
+    TORCH_CHECK_VALUE(buffers[r].scalar_type() == at::kByte && buffers[r].is_contiguous() &&
+                          buffers[r].numel() == buffers[0].numel(),
+                      "ipc_two_step_emulate: equal contiguous uint8 buffers");
+  }
+  Plan plan = makePlan(f, c);
+  TORCH_CHECK_VALUE(plan.quantize && plan.algorithm == kTwoStep && !plan.rotate,
+                    "ipc_two_step_emulate: the config must quantize with two_step, no rotation");
+  plan.callSeq = callSeq;
+  std::string why;
+  const IpcGeometry g =
+      ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world, buffers[0].numel(), &why);
+  TORCH_CHECK_VALUE(why.empty(), "ipc_two_step_emulate: ", why);
+  if (ranks.empty()) {
+    for (int r = 0; r < world; ++r) ranks.push_back(r);
+  }
+  IpcError error{};
+  std::vector<IpcTwoStepArgs> args(ranks.size());
+  {
+    py::gil_scoped_release noGil;
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const int r = ranks[i];
+      IpcTwoStepArgs& a = args[i];
+      a.data = inputs[r].data_ptr();
+      a.dtype = plan.dtype;
+      a.numel = plan.numel;
+      a.chunkElems = plan.chunkElems;
+      a.rs = plan.rs;
+      a.ag = plan.ag;
+      a.world = world;
+      a.rank = r;
+      a.average = plan.average ? 1 : 0;
+      a.rsNoise = rsNoise(plan, r, 0);
+      a.agNoise = agNoise(plan, r, 0);
+      for (int q = 0; q < world; ++q) a.buffers[q] = buffers[q].data_ptr<uint8_t>();
+      a.geometry = g;
+      a.timeoutNs = timeoutMs * 1000000;
+      a.hostError = &error;
+      threads.emplace_back([&a]() { ipcTwoStepEmulate(a); });
+    }
+    for (auto& t : threads) t.join();
+  }
+  TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error));
+  return inputs;
+}
+
 }  // namespace
 }  // namespace qcomm
 
@@ -203,14 +278,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat);
   m.def("cast_from_float", &castFloat, py::arg("x"), py::arg("dtype"));
   m.def("cast_to_float", &castToFloatT, py::arg("x"));
+  m.def("ipc_two_step_emulate", &ipcEmulate, py::arg("inputs"), py::arg("buffers"),
+        py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,
+        py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{});
   m.def(
       "ipc_geometry",
       [](int64_t chunkElems, int rsBits, int agBits, int groupSize, bool symmetric,
          at::ScalarType dtype, int world, int64_t bufferBytes) {
         const int32_t raw = dtypeCode(dtype);
-        const IpcGeometry g =
-            ipcGeometry(chunkElems, CodecSpec{rsBits, groupSize, symmetric ? 1 : 0, raw},
-                        CodecSpec{agBits, groupSize, symmetric ? 1 : 0, raw}, world, bufferBytes);
+        std::string why;
+        const IpcGeometry g = ipcGeometry(
+            chunkElems, CodecSpec{rsBits, groupSize, symmetric ? 1 : 0, raw},
+            CodecSpec{agBits, groupSize, symmetric ? 1 : 0, raw}, world, bufferBytes, &why);
         py::dict d;
         d["tile_elems"] = g.tileElems;
         d["slot_bytes"] = g.slotBytes;
@@ -219,7 +298,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         d["pieces"] = g.pieces;
         d["data_offset"] = kIpcDataOffset;
         d["max_slots"] = kIpcMaxSlots;
-        d["error"] = g.error;
+        d["error"] = why;
         return d;
       },
       py::arg("chunk_elems"), py::arg("rs_bits"), py::arg("ag_bits"), py::arg("group_size"),

@@ -136,10 +136,10 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     }
   }
   if (why.empty()) {
-    const cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&t->hostError_),
-                                        sizeof(gpu::IpcError), cudaHostAllocMapped);
+    const cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&t->hostError_), sizeof(IpcError),
+                                        cudaHostAllocMapped);
     if (e == cudaSuccess) {
-      std::memset(t->hostError_, 0, sizeof(gpu::IpcError));
+      std::memset(t->hostError_, 0, sizeof(IpcError));
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&t->deviceError_), t->hostError_, 0);
     } else {
       // a host allocation failing here is not a decision the peers can share: fail loudly
@@ -163,9 +163,10 @@ IpcTransport::~IpcTransport() {
 
 int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t stream,
                           std::chrono::milliseconds timeout) {
-  const IpcGeometry g = ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world_, bufferBytes_);
-  TORCH_CHECK_VALUE(g.error.empty(), rankPrefix(rank_, world_), "allreduce: ", g.error);
-  gpu::IpcTwoStepArgs a{};
+  std::string why;
+  const IpcGeometry g = ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world_, bufferBytes_, &why);
+  TORCH_CHECK_VALUE(why.empty(), rankPrefix(rank_, world_), "allreduce: ", why);
+  IpcTwoStepArgs a{};
   a.data = data.data_ptr();
   a.dtype = plan.dtype;
   a.numel = plan.numel;
@@ -207,19 +208,10 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
 
 void IpcTransport::checkError(const std::string& prefix) const {
   if (!hostError_) return;
-  const volatile gpu::IpcError* e = hostError_;
-  if (e->code == 0) return;
-  const char* step = e->step == 1 ? "reduce phase" : "gather phase";
-  if (e->code == 1) {
-    TORCH_CHECK(false, prefix, "allreduce (CUDA IPC two_step): timed out in the ", step,
-                " waiting for rank ", e->peer, "'s tile ", e->tile, " (epoch ", e->epoch,
-                "); a peer may have died, stopped, or called a different collective. This "
-                "group's CUDA allreduces cannot continue: destroy it and create a new one.");
-  }
-  TORCH_CHECK(false, prefix, "allreduce (CUDA IPC two_step): a peer gave up (", step,
-              ", waiting for rank ", e->peer, "'s tile ", e->tile,
-              "); see that rank's error. This group's CUDA allreduces cannot continue: destroy "
-              "it and create a new one.");
+  const volatile IpcError* v = hostError_;  // written by the device; read without a sync
+  if (v->code == 0) return;
+  const IpcError e{v->code, v->step, v->peer, v->tile, v->epoch, v->rank};
+  TORCH_CHECK(false, prefix, describeIpcError(e));
 }
 
 }  // namespace qcomm

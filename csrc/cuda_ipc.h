@@ -46,8 +46,8 @@ class IpcTransport {
   uint8_t* own_ = nullptr;
   uint8_t* peers_[kIpcMaxRanks] = {};  // mapped (own_ at rank_)
   bool opened_[kIpcMaxRanks] = {};     // mapped through cudaIpcOpenMemHandle (to close)
-  gpu::IpcError* hostError_ = nullptr;
-  gpu::IpcError* deviceError_ = nullptr;
+  IpcError* hostError_ = nullptr;
+  IpcError* deviceError_ = nullptr;
 };
 
 }  // namespace qcomm

@@ -6,8 +6,9 @@
 namespace qcomm {
 
 IpcGeometry ipcGeometry(int64_t chunkElems, const CodecSpec& rs, const CodecSpec& ag, int world,
-                        int64_t bufferBytes) {
+                        int64_t bufferBytes, std::string* error) {
   IpcGeometry g;
+  std::string why;
   g.tileElems = std::max<int64_t>(1, std::min<int64_t>(kIpcTileElems, chunkElems));
   g.slotBytes = alignUp16(std::max(encodedBytes(g.tileElems, rs), encodedBytes(g.tileElems, ag)));
   g.tilesPerChunk = (chunkElems + g.tileElems - 1) / g.tileElems;
@@ -15,16 +16,33 @@ IpcGeometry ipcGeometry(int64_t chunkElems, const CodecSpec& rs, const CodecSpec
   const int64_t fit = data > 0 ? data / (2 * int64_t(world) * g.slotBytes) : 0;
   g.pieceTiles = std::min({fit, kIpcMaxSlots, std::max<int64_t>(g.tilesPerChunk, 1)});
   if (world > kIpcMaxRanks) {
-    g.error = "the CUDA-IPC transport takes at most " + std::to_string(kIpcMaxRanks) + " ranks";
+    why = "the CUDA-IPC transport takes at most " + std::to_string(kIpcMaxRanks) + " ranks";
   } else if (g.pieceTiles < 1) {
-    g.error = "the CUDA-IPC buffer (" + std::to_string(bufferBytes) +
-              " bytes) cannot hold one tile per rank (" +
-              std::to_string(kIpcDataOffset + 2 * int64_t(world) * g.slotBytes) +
-              " bytes needed); raise QCOMM_IPC_BUFFER_MB";
+    why = "the CUDA-IPC buffer (" + std::to_string(bufferBytes) +
+          " bytes) cannot hold one tile per rank (" +
+          std::to_string(kIpcDataOffset + 2 * int64_t(world) * g.slotBytes) +
+          " bytes needed); raise QCOMM_IPC_BUFFER_MB";
     g.pieceTiles = 0;
   }
-  g.pieces = g.pieceTiles > 0 ? (g.tilesPerChunk + g.pieceTiles - 1) / g.pieceTiles : 0;
+  g.pieces = why.empty() ? (g.tilesPerChunk + g.pieceTiles - 1) / g.pieceTiles : 0;
+  if (error) *error = why;
   return g;
+}
+
+std::string describeIpcError(const IpcError& e) {
+  const std::string step = e.step == 1 ? "reduce phase" : "gather phase";
+  const std::string where = " waiting for rank " + std::to_string(e.peer) + "'s tile " +
+                            std::to_string(e.tile) + " (epoch " + std::to_string(e.epoch) + ")";
+  const std::string after =
+      ". This group's CUDA allreduces cannot continue: destroy it and create a new one.";
+  if (e.code == 1) {
+    return "allreduce (CUDA IPC two_step): rank " + std::to_string(e.rank) + " timed out in the " +
+           step + where + "; a peer may have died, stopped, or called a different collective" +
+           after;
+  }
+  return "allreduce (CUDA IPC two_step): rank " + std::to_string(e.rank) +
+         " stopped because a peer gave up (" + step + "," + where + "); see that rank's error" +
+         after;
 }
 
 }  // namespace qcomm

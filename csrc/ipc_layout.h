@@ -39,13 +39,49 @@ struct IpcGeometry {
   int64_t slotBytes = 0;  // bytes per slot: the larger encoded tile of the two phases, 16-aligned
   int64_t tilesPerChunk = 0;  // tiles of a full chunk
   int64_t pieceTiles = 0;     // tiles of each chunk per piece (slots per source or owner)
-  int64_t pieces = 0;         // launches per call
-  std::string error;          // non-empty when the buffer cannot hold even one tile per rank
+  int64_t pieces = 0;         // launches per call (0: it does not fit, see `error`)
 };
 
-// The tiling of a two_step plan (chunkElems, codecs, world) into a buffer of bufferBytes.
+// The tiling of a two_step plan (chunkElems, codecs, world) into a buffer of bufferBytes. When it
+// cannot run (too many ranks, a buffer that holds not even one tile per rank) `pieces` is 0 and
+// *error says why. (Plain data: the geometry travels to the kernel as an argument.)
 IpcGeometry ipcGeometry(int64_t chunkElems, const CodecSpec& rs, const CodecSpec& ag, int world,
-                        int64_t bufferBytes);
+                        int64_t bufferBytes, std::string* error);
+
+// Tiles of each chunk in piece p (host and device).
+QCOMM_HD int64_t pieceSlots(const IpcGeometry& g, int64_t piece) {
+  const int64_t left = g.tilesPerChunk - piece * g.pieceTiles;
+  return left < g.pieceTiles ? left : g.pieceTiles;
+}
+
+// What a rank that gives up writes to host-mapped memory (first error wins; code 0 = none).
+struct IpcError {
+  uint32_t code;   // 1: timed out waiting for a peer; 2: a peer gave up (abort word set)
+  uint32_t step;   // 1: reduce phase (waiting for a peer's tile), 2: gather phase
+  uint32_t peer;   // the rank waited for
+  uint32_t tile;   // the tile index within the chunk
+  uint32_t epoch;  // the piece's epoch
+  uint32_t rank;   // the rank that gave up
+};
+
+struct IpcTwoStepArgs {
+  void* data;  // the message, in place (dtype elements, numel of them)
+  int32_t dtype;
+  int64_t numel;
+  int64_t chunkElems;
+  CodecSpec rs, ag;
+  int world, rank;
+  int average;
+  Noise rsNoise, agNoise;          // salts of this rank's reduce/gather encodes; base unused
+  uint8_t* buffers[kIpcMaxRanks];  // every rank's buffer, mapped in this process (own too)
+  IpcGeometry geometry;
+  int64_t timeoutNs;    // bound on every spin
+  IpcError* hostError;  // host-mapped
+  int smCount;
+};
+
+// The sentence for a recorded error (code != 0), after the rank prefix.
+std::string describeIpcError(const IpcError& e);
 
 // Bytes of the data region a piece of pieceTiles tiles uses (both phases, all ranks).
 inline int64_t ipcPieceBytes(const IpcGeometry& g, int world) {

@@ -1,12 +1,16 @@
-"""Quantized allreduce of CUDA tensors over the CUDA-IPC transport (the fused two_step kernel).
+"""Quantized allreduce of CUDA tensors over the CUDA-IPC transport (the fused two_step kernel),
+and the kernel's protocol emulated on the CPU.
 
 Ranks are processes that share one GPU (NCCL refuses two ranks on one GPU; CUDA IPC does not):
 world sizes 2 and 4 on cuda:0. Every result must equal qcomm/reference.py bit for bit (so every
 rank holds the same bits, and the CPU path's), lie within the codec's bound of the exact sum, and
 land in place. Processes that share a GPU run by time-slicing, so nothing here is timed.
 
-The IPC layout arithmetic (csrc/ipc_layout.cpp) is checked on CPU too; everything else skips
-without a GPU and the CUDA build.
+On CPU (every run, CI included): the IPC layout arithmetic (csrc/ipc_layout.cpp), and the fused
+kernel's protocol (csrc/ipc_protocol.h: task loop, addressing, tiles, pieces, flags, epochs, sum
+order) executed by one host thread per rank over host buffers with the CPU codec
+(csrc/ipc_host.cpp), bit for bit against the reference. The GPU tests skip without a GPU and the
+CUDA build.
 """
 
 import itertools
@@ -60,6 +64,78 @@ def test_ipc_geometry_refuses_what_does_not_fit():
     assert g["pieces"] == 0 and "QCOMM_IPC_BUFFER_MB" in g["error"]
     g = qcomm._C.ipc_geometry(4096, 8, 8, 128, False, torch.float32, 9, 32 << 20)
     assert "at most 8 ranks" in g["error"]
+
+
+# ---- the protocol, emulated on the host (CPU) ----
+
+
+def _buffers(world, mib=32):
+    return [torch.zeros(mib << 20, dtype=torch.uint8) for _ in range(world)]
+
+
+def _emulate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0):
+    cfg = qcomm.QuantConfig(
+        algorithm="two_step",
+        rs_bits=rs,
+        ag_bits=ag,
+        min_bytes=0,
+        symmetric=symmetric,
+        stochastic_rounding=stochastic,
+    )
+    outs = [x.clone() for x in xs]
+    qcomm._C.ipc_two_step_emulate(outs, bufs, cfg.as_tuple(), average, seq)
+    return outs
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_ipc_protocol_emulated_matches_the_reference(world):
+    bufs = _buffers(world)
+    problems = []
+    cases = list(itertools.product(BITS, DTYPES, [1, 7, 1000, 65539]))
+    for i, ((rs, ag), dtype, numel) in enumerate(cases):
+        xs = _inputs(world, numel, dtype, i)
+        avg = i % 3 == 0
+        outs = _emulate(xs, bufs, rs, ag, average=avg)
+        want = ref.allreduce(xs, "two_step", rs, ag, average=avg).out
+        for r, o in enumerate(outs):
+            if not _same_bits(o, want):
+                problems.append(
+                    f"rs={rs} ag={ag} {dtype} n={numel} avg={avg} rank {r}: "
+                    f"{int((o != want).sum())} elements differ"
+                )
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_ipc_protocol_emulated_pieces_epochs_noise_and_symmetric():
+    # a buffer of 1 MiB: 600k elements run as several pieces; ten calls on the same buffers carry
+    # the epochs on; stochastic rounding takes the call's sequence number
+    world = 4
+    bufs = _buffers(world, mib=1)
+    g = qcomm._C.ipc_geometry(150016, 8, 8, 128, False, torch.float32, world, 1 << 20)
+    assert g["pieces"] > 1, g
+    for call in range(10):
+        xs = _inputs(world, 600001 if call % 2 == 0 else 3001, torch.float32, 50 + call)
+        sym, sr = call % 3 == 1, call % 4 == 2
+        outs = _emulate(xs, bufs, 8, 8, symmetric=sym, stochastic=sr, seq=call)
+        want = ref.allreduce(
+            xs, "two_step", 8, 8, symmetric=sym, stochastic_seq=call if sr else None
+        ).out
+        assert all(_same_bits(o, want) for o in outs), f"call {call} (sym={sym}, sr={sr})"
+    epoch = bufs[0][:4].view(torch.int32).item()
+    assert all(b[:4].view(torch.int32).item() == epoch for b in bufs) and epoch >= 10
+
+
+def test_ipc_protocol_emulated_reports_a_missing_rank_instead_of_hanging():
+    world = 3
+    bufs = _buffers(world, mib=1)
+    xs = _inputs(world, 20000, torch.float32, 1)
+    cfg = qcomm.QuantConfig(algorithm="two_step", min_bytes=0)
+    with pytest.raises(RuntimeError, match=r"timed out in the reduce phase waiting for rank 2"):
+        qcomm._C.ipc_two_step_emulate(
+            [x.clone() for x in xs], bufs, cfg.as_tuple(), timeout_ms=300, ranks=[0, 1]
+        )
+    # the abort word is set in every rank's buffer: the peers stop at once, not after a time-out
+    assert all(b[64:68].view(torch.int32).item() == 1 for b in bufs)
 
 
 # ---- the GPU ----

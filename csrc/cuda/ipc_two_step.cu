@@ -22,12 +22,17 @@
 // sends after reading the slot; the gather slots likewise. Every spin is bounded by timeoutNs;
 // a rank that gives up records rank, step, peer and tile in host-mapped memory and sets the abort
 // word of every rank, so the others stop spinning too.
+#define QCOMM_PROTO_FN __device__ __forceinline__
+#include "../ipc_protocol.h"
 #include "ipc_two_step.h"
 #include "warp_codec.cuh"
 
 namespace qcomm {
 namespace gpu {
 namespace {
+
+using ipc::Tile;
+using ipc::word;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
@@ -46,44 +51,6 @@ __device__ __forceinline__ uint64_t globalTimerNs() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
-}
-
-__device__ __forceinline__ uint32_t* word(uint8_t* buf, int64_t offset) {
-  return reinterpret_cast<uint32_t*>(buf + offset);
-}
-
-__device__ __forceinline__ uint32_t* reduceFlag(uint8_t* buf, int src, int64_t slot) {
-  return word(buf, kIpcReduceFlagsOffset) + int64_t(src) * kIpcMaxSlots + slot;
-}
-
-__device__ __forceinline__ uint32_t* gatherFlag(uint8_t* buf, int owner, int64_t slot) {
-  return word(buf, kIpcGatherFlagsOffset) + int64_t(owner) * kIpcMaxSlots + slot;
-}
-
-__device__ __forceinline__ uint8_t* reduceSlot(uint8_t* buf, const IpcGeometry& g, int src,
-                                               int64_t slot) {
-  return buf + kIpcDataOffset + (int64_t(src) * g.pieceTiles + slot) * g.slotBytes;
-}
-
-__device__ __forceinline__ uint8_t* gatherSlot(uint8_t* buf, const IpcGeometry& g, int world,
-                                               int owner, int64_t slot) {
-  return buf + kIpcDataOffset + ((int64_t(world) + owner) * g.pieceTiles + slot) * g.slotBytes;
-}
-
-// Element range of tile t of chunk c; len <= 0 when the chunk has no such tile.
-struct Tile {
-  int64_t begin;
-  int64_t len;
-};
-
-__device__ __forceinline__ Tile tileOf(const IpcTwoStepArgs& a, int c, int64_t t) {
-  const int64_t chunkBegin = int64_t(c) * a.chunkElems;
-  int64_t chunkLen = a.numel - chunkBegin;
-  chunkLen = chunkLen < a.chunkElems ? chunkLen : a.chunkElems;
-  const int64_t off = t * a.geometry.tileElems;
-  int64_t len = chunkLen - off;
-  len = len < a.geometry.tileElems ? len : a.geometry.tileElems;
-  return {chunkBegin + off, len};
 }
 
 __device__ __forceinline__ float rawLoad(const uint8_t* src, int32_t dtype, int64_t i) {
@@ -143,153 +110,116 @@ __device__ void encodeGroup(const CodecSpec& c, int64_t n, int64_t gi, uint8_t* 
   }
 }
 
-// The whole block encodes x[tile] with the reduce codec into dst.
+// The protocol's executor on the GPU: one block, its warps encode groups, thread 0 spins.
 template <class T>
-__device__ void encodeTile(const IpcTwoStepArgs& a, const T* x, Tile tile, uint8_t* dst) {
-  const Noise noise{a.rsNoise.salt, tile.begin, a.rsNoise.on};
-  const int64_t groups = numGroups(tile.len, a.rs);
-  for (int64_t gi = threadIdx.x / kWarp; gi < groups; gi += kWarps) {
-    const T* g = x + tile.begin + gi * a.rs.groupSize;
-    encodeGroup(a.rs, tile.len, gi, dst, noise, [&](int k) { return toFloat(g[k]); });
-  }
-}
+struct DeviceExec {
+  const IpcTwoStepArgs& a;
+  float* sums;  // shared memory, one group per warp
+  int* giveUp;  // shared memory
 
-template <class T>
-__device__ void decodeTileToOutput(const IpcTwoStepArgs& a, const uint8_t* src, Tile tile, T* x) {
-  for (int64_t e = threadIdx.x; e < tile.len; e += blockDim.x) {
-    x[tile.begin + e] = fromFloat<T>(decodeElem(src, tile.len, a.ag, e));
-  }
-}
+  __device__ uint32_t epochBase() const { return *word(a.buffers[a.rank], kIpcEpochOffset); }
+  __device__ void barrier() const { __syncthreads(); }
+  __device__ bool leader() const { return threadIdx.x == 0; }
+  __device__ void setGiveUp() const { *giveUp = 1; }
+  __device__ bool gaveUp() const { return *giveUp != 0; }
 
-__device__ void recordError(const IpcTwoStepArgs& a, uint32_t code, uint32_t step, int peer,
-                            int64_t tile, uint32_t epoch) {
-  if (atomicCAS(&a.hostError->code, 0u, code) == 0u) {
-    a.hostError->step = step;
-    a.hostError->peer = uint32_t(peer);
-    a.hostError->tile = uint32_t(tile);
-    a.hostError->epoch = epoch;
-    a.hostError->rank = uint32_t(a.rank);
+  __device__ void release(uint32_t* flag, uint32_t v) const {
     __threadfence_system();
+    storeRelease(flag, v);
   }
-}
 
-// Thread 0 only: spin until *flag == epoch. False when this rank gives up (time-out, recorded,
-// and every rank's abort word set) or a peer already gave up.
-__device__ bool waitFlag(const IpcTwoStepArgs& a, const uint32_t* flag, uint32_t epoch,
-                         uint32_t step, int peer, int64_t tile) {
-  if (loadAcquire(flag) == epoch) return true;
-  const uint32_t* abortWord = word(a.buffers[a.rank], kIpcAbortOffset);
-  const uint64_t start = globalTimerNs();
-  for (uint32_t i = 1;; ++i) {
-    if (loadAcquire(flag) == epoch) return true;
-    if ((i & 255u) == 0u) {
-      if (loadAcquire(abortWord) != 0u) {
-        recordError(a, 2u, step, peer, tile, epoch);
-        return false;
-      }
-      if (int64_t(globalTimerNs() - start) > a.timeoutNs) {
-        recordError(a, 1u, step, peer, tile, epoch);
-        for (int r = 0; r < a.world; ++r) storeRelease(word(a.buffers[r], kIpcAbortOffset), 1u);
-        return false;
-      }
-      __nanosleep(128);
-    }
-  }
-}
-
-template <class T>
-__global__ void __launch_bounds__(kThreads) twoStepPiece(IpcTwoStepArgs a, int64_t piece) {
-  __shared__ float sums[kWarps * 1024];
-  __shared__ int giveUp;
-  const IpcGeometry& g = a.geometry;
-  uint8_t* own = a.buffers[a.rank];
-  T* x = static_cast<T*>(a.data);
-  const uint32_t epoch = *word(own, kIpcEpochOffset) + 1u + uint32_t(piece);
-  const int64_t first = piece * g.pieceTiles;
-  int64_t slots = g.tilesPerChunk - first;
-  slots = slots < g.pieceTiles ? slots : g.pieceTiles;
-  const int peers = a.world - 1;
-  if (threadIdx.x == 0) giveUp = 0;
-
-  // A. reduce sends
-  for (int64_t task = blockIdx.x; task < int64_t(peers) * slots; task += gridDim.x) {
-    const int c = (a.rank + 1 + int(task / slots)) % a.world;
-    const int64_t s = task % slots;
-    const Tile tile = tileOf(a, c, first + s);
-    if (tile.len <= 0) continue;
-    encodeTile(a, x, tile, reduceSlot(a.buffers[c], g, a.rank, s));
-    __syncthreads();
-    if (threadIdx.x == 0) {
+  __device__ void recordError(uint32_t code, uint32_t step, int peer, int64_t tile,
+                              uint32_t epoch) const {
+    if (atomicCAS(&a.hostError->code, 0u, code) == 0u) {
+      a.hostError->step = step;
+      a.hostError->peer = uint32_t(peer);
+      a.hostError->tile = uint32_t(tile);
+      a.hostError->epoch = epoch;
+      a.hostError->rank = uint32_t(a.rank);
       __threadfence_system();
-      storeRelease(reduceFlag(a.buffers[c], a.rank, s), epoch);
     }
   }
 
-  // B. own tiles: sum, encode, push, decode own output
-  for (int64_t s = blockIdx.x; s < slots; s += gridDim.x) {
-    const Tile tile = tileOf(a, a.rank, first + s);
-    if (tile.len <= 0) continue;
-    encodeTile(a, x, tile, reduceSlot(own, g, a.rank, s));
-    if (threadIdx.x == 0) {
-      for (int j = 1; j <= peers && !giveUp; ++j) {
-        const int q = (a.rank + j) % a.world;
-        if (!waitFlag(a, reduceFlag(own, q, s), epoch, 1u, q, first + s)) giveUp = 1;
+  // Spin until *flag == epoch; false when this rank gives up (time-out: recorded, and every
+  // rank's abort word set) or a peer already gave up.
+  __device__ bool wait(const uint32_t* flag, uint32_t epoch, uint32_t step, int peer,
+                       int64_t tile) const {
+    if (loadAcquire(flag) == epoch) return true;
+    const uint32_t* abortWord = word(a.buffers[a.rank], kIpcAbortOffset);
+    const uint64_t start = globalTimerNs();
+    for (uint32_t i = 1;; ++i) {
+      if (loadAcquire(flag) == epoch) return true;
+      if ((i & 255u) == 0u) {
+        if (loadAcquire(abortWord) != 0u) {
+          recordError(2u, step, peer, tile, epoch);
+          return false;
+        }
+        if (int64_t(globalTimerNs() - start) > a.timeoutNs) {
+          recordError(1u, step, peer, tile, epoch);
+          for (int r = 0; r < a.world; ++r) storeRelease(word(a.buffers[r], kIpcAbortOffset), 1u);
+          return false;
+        }
+        __nanosleep(128);
       }
     }
-    __syncthreads();
-    if (giveUp) return;
+  }
+
+  __device__ void encodeReduce(Tile tile, uint8_t* dst) const {
+    const T* x = static_cast<const T*>(a.data);
+    const Noise noise{a.rsNoise.salt, tile.begin, a.rsNoise.on};
+    const int64_t groups = numGroups(tile.len, a.rs);
+    for (int64_t gi = threadIdx.x / kWarp; gi < groups; gi += kWarps) {
+      const T* g = x + tile.begin + gi * a.rs.groupSize;
+      encodeGroup(a.rs, tile.len, gi, dst, noise, [&](int k) { return toFloat(g[k]); });
+    }
+  }
+
+  // Decode the W reduce copies of slot s, sum them in rank order (fp32; AVG divides by W),
+  // encode the sum with the gather codec into out.
+  __device__ void sumEncode(Tile tile, int64_t s, uint8_t* out) const {
+    uint8_t* own = a.buffers[a.rank];
     const int warp = threadIdx.x / kWarp;
     float* mine = sums + warp * a.ag.groupSize;
-    const Noise agNoise{a.agNoise.salt, tile.begin, a.agNoise.on};
-    uint8_t* out = gatherSlot(own, g, a.world, a.rank, s);
+    const Noise noise{a.agNoise.salt, tile.begin, a.agNoise.on};
     const int64_t groups = numGroups(tile.len, a.ag);
     for (int64_t gi = warp; gi < groups; gi += kWarps) {
       const int glen = groupLength(tile.len, a.ag, gi);
       const int64_t begin = gi * a.ag.groupSize;
       for (int k = threadIdx.x % kWarp; k < glen; k += kWarp) {
-        float acc = decodeElem(reduceSlot(own, g, 0, s), tile.len, a.rs, begin + k);
+        float acc = decodeElem(ipc::reduceSlot(own, a.geometry, 0, s), tile.len, a.rs, begin + k);
         for (int q = 1; q < a.world; ++q) {
-          acc = acc + decodeElem(reduceSlot(own, g, q, s), tile.len, a.rs, begin + k);
+          acc = acc + decodeElem(ipc::reduceSlot(own, a.geometry, q, s), tile.len, a.rs, begin + k);
         }
         mine[k] = a.average ? acc / float(a.world) : acc;
       }
       __syncwarp();
-      encodeGroup(a.ag, tile.len, gi, out, agNoise, [&](int k) { return mine[k]; });
+      encodeGroup(a.ag, tile.len, gi, out, noise, [&](int k) { return mine[k]; });
       __syncwarp();
     }
-    __syncthreads();
-    const int64_t vecs = alignUp16(encodedBytes(tile.len, a.ag)) / 16;
-    for (int j = 1; j <= peers; ++j) {
-      const int o = (a.rank + j) % a.world;
-      const int4* src = reinterpret_cast<const int4*>(out);
-      int4* dst = reinterpret_cast<int4*>(gatherSlot(a.buffers[o], g, a.world, a.rank, s));
-      for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) dst[v] = src[v];
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence_system();
-      for (int j = 1; j <= peers; ++j) {
-        storeRelease(gatherFlag(a.buffers[(a.rank + j) % a.world], a.rank, s), epoch);
-      }
-    }
-    decodeTileToOutput(a, out, tile, x);
-    __syncthreads();
   }
 
-  // C. gather: decode every other owner's tiles into place
-  for (int64_t task = blockIdx.x; task < int64_t(peers) * slots; task += gridDim.x) {
-    const int o = (a.rank + 1 + int(task / slots)) % a.world;
-    const int64_t s = task % slots;
-    const Tile tile = tileOf(a, o, first + s);
-    if (tile.len <= 0) continue;
-    if (threadIdx.x == 0 && !waitFlag(a, gatherFlag(own, o, s), epoch, 2u, o, first + s)) {
-      giveUp = 1;
-    }
-    __syncthreads();
-    if (giveUp) return;
-    decodeTileToOutput(a, gatherSlot(own, g, a.world, o, s), tile, x);
-    __syncthreads();
+  __device__ void copy16(uint8_t* dst, const uint8_t* src, int64_t vectors) const {
+    const int4* from = reinterpret_cast<const int4*>(src);
+    int4* to = reinterpret_cast<int4*>(dst);
+    for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) to[v] = from[v];
   }
+
+  __device__ void decodeOut(const uint8_t* src, Tile tile) const {
+    T* x = static_cast<T*>(a.data);
+    for (int64_t e = threadIdx.x; e < tile.len; e += blockDim.x) {
+      x[tile.begin + e] = fromFloat<T>(decodeElem(src, tile.len, a.ag, e));
+    }
+  }
+};
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) twoStepPiece(IpcTwoStepArgs a, int64_t piece) {
+  __shared__ float sums[kWarps * 1024];
+  __shared__ int giveUp;
+  if (threadIdx.x == 0) giveUp = 0;
+  __syncthreads();
+  DeviceExec<T> ex{a, sums, &giveUp};
+  ipc::runPiece(ex, a, piece, blockIdx.x, gridDim.x);
 }
 
 __global__ void advanceEpoch(uint8_t* own, uint32_t pieces) {
@@ -300,10 +230,7 @@ template <class T>
 cudaError_t launchPieces(const IpcTwoStepArgs& a, cudaStream_t stream) {
   const IpcGeometry& g = a.geometry;
   for (int64_t p = 0; p < g.pieces; ++p) {
-    const int64_t slots = g.tilesPerChunk - p * g.pieceTiles < g.pieceTiles
-                              ? g.tilesPerChunk - p * g.pieceTiles
-                              : g.pieceTiles;
-    const int64_t tasks = slots * (a.world > 1 ? a.world - 1 : 1);
+    const int64_t tasks = pieceSlots(g, p) * (a.world > 1 ? a.world - 1 : 1);
     int blocks = int(tasks < a.smCount ? tasks : a.smCount);
     blocks = blocks > 1 ? blocks : 1;
     twoStepPiece<T><<<blocks, kThreads, 0, stream>>>(a, p);

@@ -1,0 +1,111 @@
+// The host executor of the fused two_step's protocol (see ipc_host.h and ipc_protocol.h).
+#include "ipc_host.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "codec_cpu.h"
+#include "ipc_protocol.h"
+
+namespace qcomm {
+namespace {
+
+uint32_t loadAcquire(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+void storeRelease(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+// One rank, one "block": every task of the piece in order; the CPU codec on whole tiles.
+struct HostExec {
+  const IpcTwoStepArgs& a;
+  bool giveUp = false;
+  std::vector<float> sum;
+
+  uint32_t epochBase() const { return loadAcquire(ipc::word(a.buffers[a.rank], kIpcEpochOffset)); }
+  void barrier() const {}
+  bool leader() const { return true; }
+  void setGiveUp() { giveUp = true; }
+  bool gaveUp() const { return giveUp; }
+  void release(uint32_t* flag, uint32_t v) const { storeRelease(flag, v); }
+
+  void recordError(uint32_t code, uint32_t step, int peer, int64_t tile, uint32_t epoch) const {
+    uint32_t none = 0;
+    if (__atomic_compare_exchange_n(&a.hostError->code, &none, code, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+      a.hostError->step = step;
+      a.hostError->peer = uint32_t(peer);
+      a.hostError->tile = uint32_t(tile);
+      a.hostError->epoch = epoch;
+      a.hostError->rank = uint32_t(a.rank);
+    }
+  }
+
+  bool wait(const uint32_t* flag, uint32_t epoch, uint32_t step, int peer, int64_t tile) const {
+    const uint32_t* abortWord = ipc::word(a.buffers[a.rank], kIpcAbortOffset);
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      if (loadAcquire(flag) == epoch) return true;
+      if (loadAcquire(abortWord) != 0u) {
+        recordError(2u, step, peer, tile, epoch);
+        return false;
+      }
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count() > a.timeoutNs) {
+        recordError(1u, step, peer, tile, epoch);
+        for (int r = 0; r < a.world; ++r) {
+          storeRelease(ipc::word(a.buffers[r], kIpcAbortOffset), 1u);
+        }
+        return false;
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  const void* at(int64_t begin) const {
+    return static_cast<const uint8_t*>(a.data) + begin * dtypeBytes(a.dtype);
+  }
+
+  void encodeReduce(ipc::Tile tile, uint8_t* dst) const {
+    encodeBlock(at(tile.begin), a.dtype, tile.len, a.rs, dst,
+                Noise{a.rsNoise.salt, tile.begin, a.rsNoise.on});
+  }
+
+  void sumEncode(ipc::Tile tile, int64_t s, uint8_t* out) {
+    sum.resize(size_t(tile.len));
+    for (int q = 0; q < a.world; ++q) {
+      decodeBlock(ipc::reduceSlot(a.buffers[a.rank], a.geometry, q, s), tile.len, a.rs, sum.data(),
+                  /*accumulate=*/q > 0);
+    }
+    if (a.average) {
+      for (float& v : sum) v = v / float(a.world);
+    }
+    encodeBlock(sum.data(), kFloat32, tile.len, a.ag, out,
+                Noise{a.agNoise.salt, tile.begin, a.agNoise.on});
+  }
+
+  void copy16(uint8_t* dst, const uint8_t* src, int64_t vectors) const {
+    std::memcpy(dst, src, size_t(vectors) * 16);
+  }
+
+  void decodeOut(const uint8_t* src, ipc::Tile tile) {
+    sum.resize(size_t(tile.len));
+    decodeBlock(src, tile.len, a.ag, sum.data(), false);
+    castFromFloat(sum.data(), tile.len, a.dtype,
+                  static_cast<uint8_t*>(a.data) + tile.begin * dtypeBytes(a.dtype));
+  }
+};
+
+}  // namespace
+
+bool ipcTwoStepEmulate(const IpcTwoStepArgs& a) {
+  HostExec ex{a};
+  for (int64_t p = 0; p < a.geometry.pieces; ++p) {
+    if (!ipc::runPiece(ex, a, p, 0, 1)) return false;
+  }
+  uint32_t* epoch = ipc::word(a.buffers[a.rank], kIpcEpochOffset);
+  storeRelease(epoch, loadAcquire(epoch) + uint32_t(a.geometry.pieces));
+  return true;
+}
+
+}  // namespace qcomm

@@ -1,0 +1,14 @@
+// A host emulation of the fused CUDA-IPC two_step: the protocol of csrc/ipc_protocol.h executed by
+// one CPU thread per rank over host memory with the CPU codec, so the CPU tests check the kernel's
+// task loop, addressing, tiling, flags and epochs against the reference (no GPU needed).
+#pragma once
+
+#include "ipc_layout.h"
+
+namespace qcomm {
+
+// Run one rank's whole call (every piece, then the epoch advance) on host buffers. a.hostError
+// must point to host memory shared by the ranks. Returns false when a wait gave up.
+bool ipcTwoStepEmulate(const IpcTwoStepArgs& a);
+
+}  // namespace qcomm
