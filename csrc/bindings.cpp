@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "codec_cpu.h"
+#include "collective_algos.h"
 
 namespace py = pybind11;
 
@@ -191,6 +192,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   m.def("codec_encode", &codecEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
         py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
+  // test hook of the collective (NCCL-ready) path; not wired into allreduce yet
+  m.def("collective_allreduce_for_test", &collectiveAllreduceForTest, py::arg("backend"),
+        py::arg("tensor"), py::arg("avg") = false, py::arg("force_world1") = false,
+        py::arg("call_seq") = -1, py::arg("timeout") = std::chrono::milliseconds(300000),
+        py::call_guard<py::gil_scoped_release>());
   m.def("noise_salt", &noiseSalt, py::arg("call_seq"), py::arg("rank"), py::arg("phase"));
   m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
         py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat);
