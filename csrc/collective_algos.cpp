@@ -162,16 +162,9 @@ class Collective {
     Dir dirs[2] = {{right, 0, prev, next, bytes(unit), bytes(unit), floats(p_.chunkElems)},
                    {left, right - left, next, prev, bytes(left ? unit : 0), bytes(left ? unit : 0),
                     floats(left ? p_.chunkElems : 0)}};
-    auto sendChunk = [&](int d, int s) {
-      return d == 0 ? wrapRank(rank_ - right + s, world) : wrapRank(rank_ + left - s, world);
-    };
-    auto recvChunk = [&](int d, int s) {
-      return d == 0 ? wrapRank(rank_ + 1 - right + s, world)
-                    : wrapRank(rank_ - 1 + left - s, world);
-    };
     step_ = "semi_ring reduce-scatter (encode)";
     for (int d = 0; d < 2; ++d) {
-      if (dirs[d].steps > 0) encodeInput(sendChunk(d, 0), ptr(dirs[d].send));
+      if (dirs[d].steps > 0) encodeInput(semiRingSendChunk(rank_, world, d, 0), ptr(dirs[d].send));
     }
     for (int s = 0; s < right; ++s) {
       std::vector<Leg> legs;
@@ -186,7 +179,8 @@ class Collective {
         const int ds = s - dirs[d].start;  // this direction's own step
         if (ds < 0) continue;
         if (ds + 1 < dirs[d].steps) {
-          forward(dirs[d].recv, recvChunk(d, ds), dirs[d].partial, dirs[d].send);
+          forward(dirs[d].recv, semiRingRecvChunk(rank_, world, d, ds), dirs[d].partial,
+                  dirs[d].send);
         } else {
           float* half = d == 0 ? sum() : dirs[1].partial.data_ptr<float>();
           ops_.decode(ptr(dirs[d].recv), own_.len, p_.rs, half, false);
