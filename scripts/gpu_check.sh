@@ -5,8 +5,9 @@
 # preinstalled (no network there); prints a short table last.
 #
 # Covered today: the codec kernels (csrc/cuda/) bit for bit against the CPU codec, their
-# throughput against device-to-device copy. Not yet built (issue 3): the NCCL transport for the
-# algorithms, the CUDA-IPC fused two_step, NCCL-like streams and Work, CUDA-graph capture, and the
+# throughput against device-to-device copy; the collective (NCCL) path of the algorithms
+# (csrc/collective_algos.*) at world size 1 against its CPU run. Not yet built (issue 3): that path
+# wired into allreduce, the CUDA-IPC fused two_step, NCCL-like streams and Work, CUDA-graph capture, and the
 # multi-rank GPU tests; until then qnccl passes CUDA allreduces through to NCCL exactly.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,9 +34,9 @@ else
   exit 1
 fi
 
-step "tests: build, CUDA codec vs CPU, CPU codec"
+step "tests: build, CUDA codec vs CPU, CPU codec, collective path on CUDA vs CPU"
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_build.py tests/test_cuda_codec.py \
-  tests/test_codec.py 2>&1 | tee "$OUT/tests.log" | tail -5 | tee -a "$OUT/summary.txt"
+  tests/test_codec.py tests/test_collective_algos.py::test_cuda_world1_equals_cpu 2>&1 | tee "$OUT/tests.log" | tail -5 | tee -a "$OUT/summary.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 step "CUDA codec kernels vs device-to-device copy"
