@@ -36,7 +36,8 @@ fi
 
 step "tests: build, CUDA codec vs CPU, CPU codec, collective path on CUDA vs CPU"
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_build.py tests/test_cuda_codec.py \
-  tests/test_codec.py tests/test_collective_algos.py::test_cuda_world1_equals_cpu 2>&1 | tee "$OUT/tests.log" | tail -5 | tee -a "$OUT/summary.txt"
+  tests/test_codec.py tests/test_collective_algos.py::test_cuda_world1_equals_cpu \
+  tests/test_collective_algos.py::test_cuda_codec_ops_hop_equals_cpu 2>&1 | tee "$OUT/tests.log" | tail -5 | tee -a "$OUT/summary.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 step "CUDA codec kernels vs device-to-device copy"

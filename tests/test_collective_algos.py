@@ -165,6 +165,62 @@ def test_world1_forced_plan_and_refusals():
     assert not flat, "\n".join(flat[:30])
 
 
+HOP_BITS = [(8, 8), (4, 4), (4, 8), (8, 4), (0, 8), (8, 0), (0, 0)]
+
+
+def _hop_case(i, in_bits, out_bits, dtype, sym, stochastic, n=1000):
+    """Inputs of one ring hop: the received bytes, the local chunk, the codecs and the noise."""
+    g = torch.Generator().manual_seed(i)
+    received = torch.randn(n, generator=g) * 3.0
+    local = torch.randn(n, generator=g).to(dtype)
+    cin = ref.Codec(in_bits, 64, sym, dtype)
+    cout = ref.Codec(out_bits, 64, sym, dtype)
+    noise = (ref.noise_salt(i, 1, 0), 4096) if stochastic else None
+    return ref.encode_bytes(received, cin), local, cin, cout, noise
+
+
+def _hop(src, local, cin, cout, noise):
+    salt, base = noise if noise is not None else (None, 0)
+    return _C.codec_ops_hop(
+        src, cin.bits, local, cout.bits, cin.group_size, cin.symmetric, salt, base
+    )
+
+
+def _hop_cases():
+    return itertools.product(HOP_BITS, DTYPES, (False, True), (False, True))
+
+
+def test_cpu_codec_ops_hop_matches_reference():
+    """CpuCodecOps.decodeAddEncode, the ring hop: partial = decoded + local, then encoded."""
+    for i, ((ib, ob), dtype, sym, sr) in enumerate(_hop_cases()):
+        src, local, cin, cout, noise = _hop_case(i, ib, ob, dtype, sym, sr)
+        partial, dst = _hop(src, local, cin, cout, noise)
+        n = local.numel()
+        if ib:
+            # the CPU codec's decode, checked against the model in test_codec.py
+            decoded = _C.codec_decode(src, n, ib, cin.group_size, sym, dtype)
+        else:
+            decoded = src.view(dtype).float()
+        want = decoded + local.float()
+        assert _same(partial, want), (ib, ob, dtype, sym, sr)
+        assert torch.equal(dst, ref.encode_bytes(want, cout, noise)), (ib, ob, dtype, sym, sr)
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and qcomm.compiled_with_cuda()),
+    reason="needs a GPU and the CUDA build",
+)
+def test_cuda_codec_ops_hop_equals_cpu():
+    """CudaCodecOps.decodeAddEncode (the fused hop kernel; world 1 has no hop to run it) gives the
+    CPU's partial sums and wire bytes."""
+    for i, ((ib, ob), dtype, sym, sr) in enumerate(_hop_cases()):
+        src, local, cin, cout, noise = _hop_case(i, ib, ob, dtype, sym, sr, n=70001)
+        partial, dst = _hop(src, local, cin, cout, noise)
+        cpartial, cdst = _hop(src.cuda(), local.cuda(), cin, cout, noise)
+        assert _same(cpartial.cpu(), partial), (ib, ob, dtype, sym, sr)
+        assert torch.equal(cdst.cpu(), dst), (ib, ob, dtype, sym, sr)
+
+
 def _cuda_worker(rank, world):
     """One GPU, world 1 (NCCL's only single-GPU case): the CUDA path, on the current stream (a
     side stream too), gives the CPU path's bits for every algorithm, bit width and dtype."""
