@@ -22,9 +22,7 @@ void decodeToOutput(const Plan& plan, const uint8_t* bytes, ChunkRange range, vo
 }
 
 void divideByWorld(const Plan& plan, float* sum, int64_t len) {
-  if (!plan.average) return;
-  const float w = float(plan.world);
-  for (int64_t i = 0; i < len; ++i) sum[i] = sum[i] / w;
+  if (plan.average) divideBy(sum, len, float(plan.world));
 }
 
 }  // namespace qcomm

@@ -45,13 +45,8 @@ void runSemiRing(const Plan& plan, Transport& t, void* data) {
     int recvPeer;
   };
   const Dir dirs[2] = {{rightSteps, prev, next}, {leftSteps, next, prev}};
-  auto sendChunk = [&](int d, int s) {
-    return d == 0 ? wrapRank(rank - rightSteps + s, world) : wrapRank(rank + leftSteps - s, world);
-  };
-  auto recvChunk = [&](int d, int s) {
-    return d == 0 ? wrapRank(rank + 1 - rightSteps + s, world)
-                  : wrapRank(rank - 1 + leftSteps - s, world);
-  };
+  auto sendChunk = [&](int d, int s) { return semiRingSendChunk(rank, world, d, s); };
+  auto recvChunk = [&](int d, int s) { return semiRingRecvChunk(rank, world, d, s); };
   // One unit per (direction, step, shard); tags interleave the two directions.
   const int64_t unitsPerDir = int64_t(rightSteps) * shards;
   auto unit = [&](int d, int s, int k) { return (int64_t(s) * shards + k) * 2 + d; };

@@ -34,6 +34,17 @@ inline Noise agNoise(const Plan& p, int rank, int64_t begin) {
 // a mod w in [0, w), for rank arithmetic that may go negative.
 inline int wrapRank(int a, int w) { return ((a % w) + w) % w; }
 
+// semi_ring's schedule (algo_semi_ring.cpp): the chunk `rank` sends, and the chunk it receives,
+// at its own step s of direction d (0: the right chain, R = world / 2 steps; 1: the left chain,
+// L = (world - 1) / 2 steps).
+inline int semiRingSendChunk(int rank, int world, int d, int s) {
+  return d == 0 ? wrapRank(rank - world / 2 + s, world)
+                : wrapRank(rank + (world - 1) / 2 - s, world);
+}
+inline int semiRingRecvChunk(int rank, int world, int d, int s) {
+  return semiRingSendChunk(wrapRank(rank + (d == 0 ? 1 : -1), world), world, d, s);
+}
+
 // Pointer to element `offset` of a buffer of plan.dtype.
 inline void* elemPtr(void* data, int32_t dtype, int64_t offset) {
   return static_cast<uint8_t*>(data) + offset * dtypeBytes(dtype);

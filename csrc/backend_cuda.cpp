@@ -17,6 +17,8 @@
 #include <cstdlib>
 
 #include "backend.h"
+#include "codec_ops.h"
+#include "collective_algos.h"
 #include "cuda_ipc.h"
 #include "work.h"
 
@@ -54,12 +56,20 @@ int64_t ipcBufferBytes(const std::string& prefix) {
   return int64_t(mb) << 20;
 }
 
-// The NCCL transport (collective_algos.cpp): pending merge of that work.
+// The NCCL transport: the algorithms over the inner backend's collectives (collective_algos.cpp)
+// with the CUDA codec kernels on `stream`. Returns the encoded bytes this rank sends (the unpadded
+// count: the all-to-all and all-gather pad units to one size).
 int64_t runCollectiveCuda(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor& data,
-                          cudaStream_t stream, std::chrono::milliseconds timeout) {
-  TORCH_CHECK(false, rankPrefix(rank, plan.world),
-              "allreduce: the NCCL transport for quantized CUDA allreduces is not in this build");
-  return 0;
+                          const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout) {
+  std::unique_ptr<CodecOps> ops = makeCudaCodecOps(stream.stream(), stream.device_index());
+  runCollective(plan, inner, rank, data, *ops, timeout);
+  int64_t wire = 0;
+  for (int c = 0; c < plan.world; ++c) {
+    const ChunkRange ch = plan.chunk(c);
+    wire += c == rank ? (plan.world - 1) * encodedBytes(ch.len, plan.ag)
+                      : encodedBytes(ch.len, plan.rs);
+  }
+  return wire;
 }
 
 bool isCapturing(const c10::cuda::CUDAStream& s) {
@@ -150,7 +160,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
     if (useIpc) {
       wire = ipc->run(plan, buf, run.stream(), timeout);
     } else {
-      wire = runCollectiveCuda(plan, *nccl_, getRank(), buf, run.stream(), timeout);
+      wire = runCollectiveCuda(plan, *nccl_, getRank(), buf, run, timeout);
     }
     if (!buf.is_same(t)) t.copy_(buf);
   }

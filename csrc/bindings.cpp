@@ -9,6 +9,8 @@
 #include "algorithms.h"
 #include "backend.h"
 #include "codec_cpu.h"
+#include "codec_ops.h"
+#include "collective_algos.h"
 #include "ipc_host.h"
 #include "ipc_layout.h"
 
@@ -52,6 +54,11 @@ CodecSpec makeSpec(int bits, int groupSize, bool symmetric, at::ScalarType raw) 
   return CodecSpec{bits, groupSize, symmetric ? 1 : 0, dtypeCode(raw)};
 }
 
+// No noise (round to nearest) when salt is None.
+Noise noiseOf(const py::object& salt, int64_t base) {
+  return Noise{salt.is_none() ? 0u : salt.cast<uint32_t>(), base, salt.is_none() ? 0 : 1};
+}
+
 // Encode a 1-D CPU tensor with one codec: returns the wire bytes.
 at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmetric,
                        py::object noiseSalt, int64_t noiseBase) {
@@ -59,8 +66,7 @@ at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmet
   at::Tensor c = x.contiguous().view({-1});
   const CodecSpec spec = makeSpec(bits, groupSize, symmetric, c.scalar_type());
   at::Tensor out = at::empty({encodedBytes(c.numel(), spec)}, at::kByte);  // every byte is written
-  const Noise noise{noiseSalt.is_none() ? 0u : noiseSalt.cast<uint32_t>(), noiseBase,
-                    noiseSalt.is_none() ? 0 : 1};
+  const Noise noise = noiseOf(noiseSalt, noiseBase);
   encodeBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec, out.data_ptr<uint8_t>(),
               noise);
   return out;
@@ -76,6 +82,31 @@ at::Tensor codecDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSi
   at::Tensor out = at::empty({n}, at::kFloat);
   decodeBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>(), false);
   return out;
+}
+
+// One ring hop through the CodecOps of local's device (CPU loops or CUDA kernels on the current
+// stream): partial = decode(src) + local, dst = encode(partial). Both codecs carry local's dtype
+// as their raw dtype, as a plan's do. Returns (partial, dst).
+std::tuple<at::Tensor, at::Tensor> codecOpsHop(const at::Tensor& src, int inBits,
+                                               const at::Tensor& local, int outBits, int groupSize,
+                                               bool symmetric, py::object noiseSalt,
+                                               int64_t noiseBase) {
+  const c10::DeviceGuard guard(local.device());
+  at::Tensor l = local.contiguous().view({-1});
+  const int64_t n = l.numel();
+  const CodecSpec in = makeSpec(inBits, groupSize, symmetric, l.scalar_type());
+  const CodecSpec out = makeSpec(outBits, groupSize, symmetric, l.scalar_type());
+  TORCH_CHECK_VALUE(src.device() == l.device() && src.scalar_type() == at::kByte &&
+                        src.numel() == encodedBytes(n, in),
+                    "[qcomm] hop: expected ", encodedBytes(n, in), " bytes on ", l.device());
+  at::Tensor s = src.contiguous();
+  at::Tensor partial = at::empty({n}, l.options().dtype(at::kFloat));
+  at::Tensor dst = at::empty({encodedBytes(n, out)}, l.options().dtype(at::kByte));
+  codecOpsFor(l.device())
+      ->decodeAddEncode(s.data_ptr<uint8_t>(), in, l.data_ptr(), in.rawDtype, n,
+                        partial.data_ptr<float>(), out, dst.data_ptr<uint8_t>(),
+                        noiseOf(noiseSalt, noiseBase));
+  return {partial, dst};
 }
 
 // fp32 -> dtype and back through the shared header's converters (compared with torch's casts).
@@ -273,6 +304,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   m.def("codec_encode", &codecEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
         py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
+  // test hook of the collective (NCCL-ready) path; not wired into allreduce yet
+  m.def("collective_allreduce_for_test", &collectiveAllreduceForTest, py::arg("backend"),
+        py::arg("tensor"), py::arg("avg") = false, py::arg("force_world1") = false,
+        py::arg("call_seq") = -1, py::arg("timeout") = std::chrono::milliseconds(300000),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("codec_ops_hop", &codecOpsHop, py::arg("src"), py::arg("in_bits"), py::arg("local"),
+        py::arg("out_bits"), py::arg("group_size"), py::arg("symmetric"),
+        py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
   m.def("noise_salt", &noiseSalt, py::arg("call_seq"), py::arg("rank"), py::arg("phase"));
   m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
         py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat);

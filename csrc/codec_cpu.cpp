@@ -139,6 +139,12 @@ void rotateInverse(float* y, int64_t paddedN, int groupSize) {
   });
 }
 
+void divideBy(float* x, int64_t n, float divisor) {
+  forElems(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] = x[i] / divisor;
+  });
+}
+
 void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) {
   CodecSpec raw{0, 32, 1, dtype};
   encodeTyped(x, n, raw, static_cast<uint8_t*>(out), Noise{0, 0, 0});

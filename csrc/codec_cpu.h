@@ -22,6 +22,9 @@ void addToFloat(const void* x, int32_t dtype, int64_t n, float* acc);
 // out[i] = dtype(x[i]), rounding to nearest even.
 void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out);
 
+// x[i] = x[i] / divisor, in fp32 (AVG divides the sum by the world size).
+void divideBy(float* x, int64_t n, float divisor);
+
 // Rotation (codec.h hadamardGroup): out[0..ceil(n/g)*g) = H x per group, the last group padded
 // with zeros; and the inverse, in place: y = H y / g per group.
 void rotateForward(const void* x, int32_t dtype, int64_t n, int groupSize, float* out);

@@ -8,6 +8,16 @@ namespace {
 
 int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A plan holding the call's facts only (what a pass-through plan reports).
+Plan factsOnly(const CallFacts& f) {
+  Plan p;
+  p.world = f.world;
+  p.numel = f.numel;
+  p.dtype = f.dtype;
+  p.average = f.opAvg;
+  return p;
+}
+
 }  // namespace
 
 ChunkRange Plan::chunk(int c) const {
@@ -22,11 +32,7 @@ ChunkRange Plan::shard(int c, int k) const {
 }
 
 Plan makePlan(const CallFacts& f, const QuantConfig& cfg) {
-  Plan p;
-  p.world = f.world;
-  p.numel = f.numel;
-  p.dtype = f.dtype;
-  p.average = f.opAvg;
+  Plan p = factsOnly(f);
   auto passThrough = [&](const char* why) {
     p.quantize = false;
     p.reason = why;
@@ -40,7 +46,11 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg) {
   if (!f.opSum && !f.opAvg) return passThrough("op is not SUM or AVG");
   if (f.numel == 0) return passThrough("empty tensor");
   if (f.numel * dtypeBytes(f.dtype) < cfg.minBytes) return passThrough("message below min_bytes");
+  return quantizedPlan(f, cfg);
+}
 
+Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {
+  Plan p = factsOnly(f);
   p.quantize = true;
   p.userNumel = f.numel;
   p.stochastic = cfg.stochasticRounding;

@@ -59,6 +59,10 @@ struct CallFacts {
 
 Plan makePlan(const CallFacts& f, const QuantConfig& cfg);
 
+// The quantized plan of an eligible call (makePlan's result once every check has passed): the
+// algorithm, codecs and chunk geometry. It checks nothing; tests use it to plan world size 1.
+Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg);
+
 // What every rank must agree on before a quantized allreduce moves data: the facts its plan was
 // made from. Ranks exchange these few bytes first, so a mismatch (a different numel, dtype, op or
 // config on some rank) becomes a clear error on every rank instead of a hang or wrong numbers.

@@ -14,8 +14,9 @@ std::string rankPrefix(int rank, int world) {
   return "[qcomm rank " + std::to_string(rank) + "/" + std::to_string(world) + "] ";
 }
 
-Transport::Transport(c10d::Backend* inner, int rank, int world, std::chrono::milliseconds timeout)
-    : inner_(inner), rank_(rank), world_(world), timeout_(timeout) {
+Transport::Transport(c10d::Backend* inner, int rank, int world, std::chrono::milliseconds timeout,
+                     bool streamOrdered)
+    : inner_(inner), rank_(rank), world_(world), timeout_(timeout), streamOrdered_(streamOrdered) {
   TORCH_CHECK(inner_ != nullptr, rankPrefix(rank, world), "no inner backend for this device");
 }
 
@@ -23,9 +24,14 @@ void Transport::wait(const c10::intrusive_ptr<c10d::Work>& w, const std::string&
   // One sentence for the user: the step, the cause without a C++ backtrace, and the bound that
   // applied. A peer that died shows up as a reset connection at once; one that stopped, as a
   // time-out after timeoutMs.
+  if (!w) return;
   std::string cause;
   try {
-    w->wait(timeout_);
+    if (streamOrdered_) {
+      w->wait();
+    } else {
+      w->wait(timeout_);
+    }
     return;
   } catch (const c10::Error& e) {
     cause = e.what_without_backtrace();
@@ -45,6 +51,17 @@ void Transport::allToAll(at::Tensor& out, at::Tensor& in, const char* what) {
 void Transport::allGather(at::Tensor& out, at::Tensor& in, const char* what) {
   bytesSent_ += in.numel() * (world_ - 1);
   wait(inner_->_allgather_base(out, in), what);
+}
+
+void Transport::startBatch() {
+  batching_ = inner_->supportsCoalescing();
+  if (batching_) inner_->startCoalescing();
+}
+
+c10::intrusive_ptr<c10d::Work> Transport::endBatch() {
+  if (!batching_) return {};
+  batching_ = false;
+  return inner_->endCoalescing();
 }
 
 c10::intrusive_ptr<c10d::Work> Transport::isend(at::Tensor& t, int peer, int tag) {

@@ -11,7 +11,12 @@ namespace qcomm {
 
 class Transport {
  public:
-  Transport(c10d::Backend* inner, int rank, int world, std::chrono::milliseconds timeout);
+  // streamOrdered: the bytes live on a CUDA device and the inner backend is NCCL, whose
+  // Work::wait() makes the current stream wait for the transfer without blocking the host; a
+  // wait with a timeout would block the host, so waits pass none (NCCL's watchdog applies the
+  // group's timeout instead).
+  Transport(c10d::Backend* inner, int rank, int world, std::chrono::milliseconds timeout,
+            bool streamOrdered = false);
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -24,8 +29,14 @@ class Transport {
   // Point-to-point; tags are offset into a range user code does not use.
   c10::intrusive_ptr<c10d::Work> isend(at::Tensor& t, int peer, int tag);
   c10::intrusive_ptr<c10d::Work> irecv(at::Tensor& t, int peer, int tag);
-  // Wait for `w`, bounded by the group's timeout; `what` names the step in the error.
+  // Wait for `w`, bounded by the group's timeout; `what` names the step in the error. A null
+  // Work (a send or receive issued inside a batch of a coalescing backend) is nothing to wait for.
   void wait(const c10::intrusive_ptr<c10d::Work>& w, const std::string& what);
+  // Group the isend/irecv calls between these two into one launch where the inner backend
+  // coalesces (NCCL; as batch_isend_irecv does, so a hop's send and receive cannot deadlock);
+  // a no-op pair otherwise (Gloo). endBatch returns the batch's Work, or null.
+  void startBatch();
+  c10::intrusive_ptr<c10d::Work> endBatch();
 
   int64_t bytesSent() const { return bytesSent_; }
 
@@ -34,6 +45,8 @@ class Transport {
   int rank_;
   int world_;
   std::chrono::milliseconds timeout_;
+  bool streamOrdered_;
+  bool batching_ = false;
   int64_t bytesSent_ = 0;
 };
 

@@ -1,0 +1,74 @@
+// CudaCodecOps: CodecOps over the CUDA codec kernels (cuda/codec_kernels.h), every operation
+// enqueued on one stream, none blocking the host. Built only with CUDA.
+#ifdef QCOMM_WITH_CUDA
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "codec_ops.h"
+#include "cuda/codec_kernels.h"
+
+namespace qcomm {
+namespace {
+
+// A raw phase of `dtype`: encode with it casts to dtype, decode with it casts to fp32.
+CodecSpec rawSpec(int32_t dtype) { return CodecSpec{0, 32, 0, dtype}; }
+
+class CudaCodecOps final : public CodecOps {
+ public:
+  CudaCodecOps(cudaStream_t stream, c10::DeviceIndex device)
+      : stream_(c10::cuda::getStreamFromExternal(stream, device)) {}
+
+  void encode(const void* x, int32_t dtype, int64_t n, const CodecSpec& spec, uint8_t* dst,
+              const Noise& noise) override {
+    check(gpu::encode(x, dtype, n, spec, dst, noise, stream_.stream()), "encode");
+  }
+  void decode(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out,
+              bool accumulate) override {
+    check(gpu::decode(src, n, spec, out, accumulate, stream_.stream()), "decode");
+  }
+  void decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,
+                       int32_t localDtype, int64_t n, float* partial, const CodecSpec& out,
+                       uint8_t* dst, const Noise& noise) override {
+    check(gpu::decodeAddEncode(src, in, local, localDtype, n, partial, out, dst, noise,
+                               stream_.stream()),
+          "decode-add-encode");
+  }
+  void addToFloat(const void* x, int32_t dtype, int64_t n, float* acc) override {
+    decode(static_cast<const uint8_t*>(x), n, rawSpec(dtype), acc, true);
+  }
+  void castToFloat(const void* x, int32_t dtype, int64_t n, float* out) override {
+    decode(static_cast<const uint8_t*>(x), n, rawSpec(dtype), out, false);
+  }
+  void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) override {
+    encode(x, kFloat32, n, rawSpec(dtype), static_cast<uint8_t*>(out), Noise{0, 0, 0});
+  }
+  void divide(float* x, int64_t n, int world) override {
+    if (n == 0) return;
+    // torch's fp32 division on the stream: a / b, correctly rounded, as the CPU's x / w. The
+    // divisor is a one-element CUDA tensor, not a Scalar: torch turns division by a CPU scalar
+    // into multiplication by its reciprocal, which is not bit-identical for w = 3.
+    c10::cuda::CUDAStreamGuard guard(stream_);
+    const auto opts = at::TensorOptions().dtype(at::kFloat).device(stream_.device());
+    at::Tensor v = at::from_blob(x, {n}, opts);
+    v.div_(at::full({1}, float(world), opts));
+  }
+
+ private:
+  static void check(cudaError_t e, const char* what) {
+    TORCH_CHECK(e == cudaSuccess, "CUDA ", what, " kernel: ", cudaGetErrorString(e));
+  }
+
+  c10::cuda::CUDAStream stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<CodecOps> makeCudaCodecOps(void* stream, c10::DeviceIndex deviceIndex) {
+  return std::make_unique<CudaCodecOps>(static_cast<cudaStream_t>(stream), deviceIndex);
+}
+
+}  // namespace qcomm
+
+#endif  // QCOMM_WITH_CUDA
