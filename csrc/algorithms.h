@@ -21,16 +21,6 @@ void decodeToOutput(const Plan& plan, const uint8_t* bytes, ChunkRange range, vo
 // For AVG: sum[i] / world, in fp32 (a no-op for SUM).
 void divideByWorld(const Plan& plan, float* sum, int64_t len);
 
-// Stochastic-rounding noise of this rank's encodes in the reduce (phase 0) and gather (phase 1)
-// phases; `begin` is the block's first element in the message. Every rank encodes each element
-// at most once per phase, so (call, rank, phase, element) never repeats within a call.
-inline Noise rsNoise(const Plan& p, int rank, int64_t begin) {
-  return Noise{noiseSalt(p.callSeq, rank, 0), begin, p.stochastic ? 1 : 0};
-}
-inline Noise agNoise(const Plan& p, int rank, int64_t begin) {
-  return Noise{noiseSalt(p.callSeq, rank, 1), begin, p.stochastic ? 1 : 0};
-}
-
 // a mod w in [0, w), for rank arithmetic that may go negative.
 inline int wrapRank(int a, int w) { return ((a % w) + w) % w; }
 

@@ -195,27 +195,15 @@ std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<a
   }
   IpcError error{};
   std::vector<IpcTwoStepArgs> args(ranks.size());
+  std::vector<uint8_t*> bufferPtrs;
+  for (auto& b : buffers) bufferPtrs.push_back(b.data_ptr<uint8_t>());
   {
     py::gil_scoped_release noGil;
     std::vector<std::thread> threads;
     for (size_t i = 0; i < ranks.size(); ++i) {
       const int r = ranks[i];
       IpcTwoStepArgs& a = args[i];
-      a.data = inputs[r].data_ptr();
-      a.dtype = plan.dtype;
-      a.numel = plan.numel;
-      a.chunkElems = plan.chunkElems;
-      a.rs = plan.rs;
-      a.ag = plan.ag;
-      a.world = world;
-      a.rank = r;
-      a.average = plan.average ? 1 : 0;
-      a.rsNoise = rsNoise(plan, r, 0);
-      a.agNoise = agNoise(plan, r, 0);
-      for (int q = 0; q < world; ++q) a.buffers[q] = buffers[q].data_ptr<uint8_t>();
-      a.geometry = g;
-      a.timeoutNs = timeoutMs * 1000000;
-      a.hostError = &error;
+      a = ipcArgs(plan, r, g, inputs[r].data_ptr(), bufferPtrs.data(), timeoutMs * 1000000, &error);
       threads.emplace_back([&a]() { ipcTwoStepEmulate(a); });
     }
     for (auto& t : threads) t.join();

@@ -166,29 +166,15 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
   std::string why;
   const IpcGeometry g = ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world_, bufferBytes_, &why);
   TORCH_CHECK_VALUE(why.empty(), rankPrefix(rank_, world_), "allreduce: ", why);
-  IpcTwoStepArgs a{};
-  a.data = data.data_ptr();
-  a.dtype = plan.dtype;
-  a.numel = plan.numel;
-  a.chunkElems = plan.chunkElems;
-  a.rs = plan.rs;
-  a.ag = plan.ag;
-  a.world = world_;
-  a.rank = rank_;
-  a.average = plan.average ? 1 : 0;
-  a.rsNoise = rsNoise(plan, rank_, 0);
-  a.agNoise = agNoise(plan, rank_, 0);
-  for (int r = 0; r < world_; ++r) a.buffers[r] = peers_[r];
-  a.geometry = g;
-  a.timeoutNs = int64_t(timeout.count()) * 1000000;
+  IpcTwoStepArgs a = ipcArgs(plan, rank_, g, data.data_ptr(), peers_,
+                             int64_t(timeout.count()) * 1000000, deviceError_);
+  a.smCount = smCount_;
   // QCOMM_IPC_SPIN_TIMEOUT_MS lowers the bound of the kernel's spins below the group's timeout
   // (tests and checks that must fail fast rather than wait the default 30 minutes)
   if (const char* v = std::getenv("QCOMM_IPC_SPIN_TIMEOUT_MS")) {
     const long long ms = std::atoll(v);
     if (ms > 0 && ms * 1000000 < a.timeoutNs) a.timeoutNs = ms * 1000000;
   }
-  a.hostError = deviceError_;
-  a.smCount = smCount_;
   const cudaError_t e = gpu::ipcTwoStep(a, stream);
   TORCH_CHECK(e == cudaSuccess, rankPrefix(rank_, world_),
               "allreduce: launching the CUDA-IPC two_step: ", cudaGetErrorString(e));

@@ -29,6 +29,27 @@ IpcGeometry ipcGeometry(int64_t chunkElems, const CodecSpec& rs, const CodecSpec
   return g;
 }
 
+IpcTwoStepArgs ipcArgs(const Plan& plan, int rank, const IpcGeometry& g, void* data,
+                       uint8_t* const* buffers, int64_t timeoutNs, IpcError* error) {
+  IpcTwoStepArgs a{};
+  a.data = data;
+  a.dtype = plan.dtype;
+  a.numel = plan.numel;
+  a.chunkElems = plan.chunkElems;
+  a.rs = plan.rs;
+  a.ag = plan.ag;
+  a.world = plan.world;
+  a.rank = rank;
+  a.average = plan.average ? 1 : 0;
+  a.rsNoise = rsNoise(plan, rank, 0);
+  a.agNoise = agNoise(plan, rank, 0);
+  for (int r = 0; r < plan.world && r < kIpcMaxRanks; ++r) a.buffers[r] = buffers[r];
+  a.geometry = g;
+  a.timeoutNs = timeoutNs;
+  a.hostError = error;
+  return a;
+}
+
 std::string describeIpcError(const IpcError& e) {
   const std::string step = e.step == 1 ? "reduce phase" : "gather phase";
   const std::string where = " waiting for rank " + std::to_string(e.peer) + "'s tile " +

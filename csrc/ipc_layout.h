@@ -17,6 +17,7 @@
 #include <string>
 
 #include "codec.h"
+#include "plan.h"
 
 namespace qcomm {
 
@@ -79,6 +80,10 @@ struct IpcTwoStepArgs {
   IpcError* hostError;  // host-mapped
   int smCount;
 };
+
+// The arguments of one rank's call of `plan` (a quantized two_step) over the mapped buffers.
+IpcTwoStepArgs ipcArgs(const Plan& plan, int rank, const IpcGeometry& g, void* data,
+                       uint8_t* const* buffers, int64_t timeoutNs, IpcError* error);
 
 // The sentence for a recorded error (code != 0), after the rank prefix.
 std::string describeIpcError(const IpcError& e);

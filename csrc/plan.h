@@ -47,6 +47,16 @@ struct Plan {
   ChunkRange shard(int c, int k) const;  // absolute element range of shard k of chunk c
 };
 
+// Stochastic-rounding noise of this rank's encodes in the reduce (phase 0) and gather (phase 1)
+// phases; `begin` is the block's first element in the message. Every rank encodes each element
+// at most once per phase, so (call, rank, phase, element) never repeats within a call.
+inline Noise rsNoise(const Plan& p, int rank, int64_t begin) {
+  return Noise{noiseSalt(p.callSeq, rank, 0), begin, p.stochastic ? 1 : 0};
+}
+inline Noise agNoise(const Plan& p, int rank, int64_t begin) {
+  return Noise{noiseSalt(p.callSeq, rank, 1), begin, p.stochastic ? 1 : 0};
+}
+
 // Facts about one allreduce call. dtype is -1 when the tensor's dtype is not fp32/fp16/bf16.
 struct CallFacts {
   int64_t numel = 0;

@@ -55,6 +55,7 @@ EOF
 step "exception probe"
 P=$(probe); rc=$?
 note "$P (rc=$rc)"
+[ $rc -eq 0 ] || ldd qcomm/_C*.so | grep -E 'stdc|gcc_s|gomp|c10' | tee -a "$OUT/summary.txt"
 if [ $rc -ne 0 ] && [ -x /usr/bin/g++ ] && [ "${CXX:-}" != /usr/bin/g++ ]; then
   note "exceptions crash this build; rebuilding with CXX=/usr/bin/g++ ($(/usr/bin/g++ --version | head -1))"
   export CXX=/usr/bin/g++

@@ -69,12 +69,8 @@ def test_ipc_geometry_refuses_what_does_not_fit():
 # ---- the protocol, emulated on the host (CPU) ----
 
 
-def _buffers(world, mib=32):
-    return [torch.zeros(mib << 20, dtype=torch.uint8) for _ in range(world)]
-
-
-def _emulate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0):
-    cfg = qcomm.QuantConfig(
+def _two_step(rs, ag, symmetric=False, stochastic=False):
+    return qcomm.QuantConfig(
         algorithm="two_step",
         rs_bits=rs,
         ag_bits=ag,
@@ -82,6 +78,14 @@ def _emulate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False,
         symmetric=symmetric,
         stochastic_rounding=stochastic,
     )
+
+
+def _buffers(world, mib=32):
+    return [torch.zeros(mib << 20, dtype=torch.uint8) for _ in range(world)]
+
+
+def _emulate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0):
+    cfg = _two_step(rs, ag, symmetric, stochastic)
     outs = [x.clone() for x in xs]
     qcomm._C.ipc_two_step_emulate(outs, bufs, cfg.as_tuple(), average, seq)
     return outs
@@ -167,14 +171,7 @@ def _case(
     stochastic=False,
     async_op=False,
 ):
-    cfg = qcomm.QuantConfig(
-        algorithm="two_step",
-        rs_bits=rs,
-        ag_bits=ag,
-        min_bytes=0,
-        symmetric=symmetric,
-        stochastic_rounding=stochastic,
-    )
+    cfg = _two_step(rs, ag, symmetric, stochastic)
     qcomm.set_config(cfg)
     xs = _inputs(world, numel, dtype, seed)
     x = xs[rank].cuda()
