@@ -15,7 +15,12 @@ mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
 status=0
-step() { printf '\n== %s (%s s)\n' "$1" "$SECONDS" | tee -a "$OUT/summary.txt"; }
+CURRENT=""
+RESULTS=()
+step() {
+  CURRENT="$1"
+  printf '\n== %s (%s s)\n' "$1" "$SECONDS" | tee -a "$OUT/summary.txt"
+}
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
 step "machine"
@@ -24,7 +29,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 note "CXX=${CXX:-unset}; $(${CXX:-c++} --version 2>/dev/null | head -1)"
 
 build() {
-  QCOMM_CUDA=1 MAX_JOBS="${MAX_JOBS:-16}" timeout 300 "$PY" setup.py -q build_ext --inplace \
+  QCOMM_CUDA=1 MAX_JOBS="${MAX_JOBS:-16}" timeout 200 "$PY" setup.py -q build_ext --inplace \
     >"$OUT/build.log" 2>&1
 }
 step "build (QCOMM_CUDA=1)"
@@ -66,40 +71,71 @@ if [ $rc -ne 0 ] && [ -x /usr/bin/g++ ] && [ "${CXX:-}" != /usr/bin/g++ ]; then
   note "after rebuild ($((SECONDS - START)) s): $P (rc=$rc)"
 fi
 
-step "GPU tests"
+# Every step is bounded, and all of them together by DEADLINE (seconds since the start): a hang
+# in one step costs that step, not the whole call, and the call stays under 8 minutes.
+DEADLINE="${DEADLINE:-450}"
+budget() {  # budget CAP: the seconds a step may take, or 0 when too little is left
+  local left=$((DEADLINE - SECONDS))
+  if [ "$left" -lt 15 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+run_step() {  # run_step CAP LOG CMD...: bounded, logged, counted as a failure when it fails
+  local cap log t
+  cap=$1 log=$2
+  shift 2
+  t=$(budget "$cap")
+  if [ "$t" -eq 0 ]; then
+    note "skipped: the call's deadline (${DEADLINE} s) is near"
+    status=1
+    RESULTS+=("| $CURRENT | skipped (deadline) | 0 |")
+    return
+  fi
+  local t0=$SECONDS rc
+  timeout "$t" "$@" 2>&1 | tee -a "$log" | tail -15 | tee -a "$OUT/summary.txt"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || status=1
+  local what="ok"
+  [ "$rc" -eq 0 ] || what="FAIL (exit $rc)"
+  [ "$rc" -eq 124 ] && what="FAIL (timed out after $t s)"
+  RESULTS+=("| $CURRENT | $what | $((SECONDS - t0)) |")
+}
 export QCOMM_IPC_SPIN_TIMEOUT_MS="${QCOMM_IPC_SPIN_TIMEOUT_MS:-20000}"  # fail fast, never hang
 export QCOMM_CUDA_QUANTIZE=1  # the quantized CUDA path is opt-in until it has run on a GPU
-TESTS=""
-for f in tests/test_build.py tests/test_cuda_codec.py tests/test_cuda_allreduce.py \
-  tests/test_collective_algos.py; do [ -f "$f" ] && TESTS="$TESTS $f"; done
-# shellcheck disable=SC2086
-timeout 330 "$PY" -m pytest -q -p no:cacheprovider -rs $TESTS 2>&1 | tee "$OUT/tests.log" \
-  | tail -15 | tee -a "$OUT/summary.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-
-# QUICK=1: tests and the fused two_step's benchmark only (a shorter call while iterating)
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs)
+# QUICK=1: the transport tests and the fused two_step's benchmark only (while iterating)
 QUICK="${QUICK:-0}"
+
 if [ "$QUICK" != 1 ]; then
+  step "tests: the build, CUDA codec kernels bit for bit against the CPU codec"
+  run_step 90 "$OUT/tests.log" "${PYTEST[@]}" tests/test_build.py tests/test_cuda_codec.py
+
   step "CUDA codec kernels vs device-to-device copy"
-  timeout 90 "$PY" benchmarks/cuda_codec_bench.py --csv "$OUT/codec_kernels.csv" 2>&1 \
-    | tee "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  run_step 90 "$OUT/bench.txt" "$PY" benchmarks/cuda_codec_bench.py \
+    --csv "$OUT/codec_kernels.csv"
 fi
 
+step "tests: the NCCL transport at world size 1 (and its CPU runs)"
+run_step 120 "$OUT/tests.log" "${PYTEST[@]}" tests/test_collective_algos.py
+
+step "tests: the fused CUDA-IPC two_step, 2 and 4 ranks sharing the GPU"
+run_step 240 "$OUT/tests.log" "${PYTEST[@]}" tests/test_cuda_allreduce.py
+
 step "fused CUDA-IPC two_step, 2 ranks as threads on the one GPU"
-timeout 90 "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64,256 \
-  --csv "$OUT/fused_two_step.csv" 2>&1 | tee "$OUT/fused.txt" | tee -a "$OUT/summary.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+run_step 90 "$OUT/fused.txt" "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
+  --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
 
 step "cost model on these measurements (8 GPUs, NVLink and PCIe)"
 if [ "$QUICK" != 1 ] && [ -s "$OUT/codec_kernels.csv" ]; then
   ALL=/tmp/qcomm_kernels_all.csv
   cat "$OUT/codec_kernels.csv" >"$ALL"
   [ -s "$OUT/fused_two_step.csv" ] && tail -n +2 "$OUT/fused_two_step.csv" >>"$ALL"
-  timeout 60 "$PY" benchmarks/cost_model.py --kernel-csv "$ALL" \
-    --sizes-mib 16,64,256 --algorithms two_step --bits 8/8,4/4 2>&1 | tee "$OUT/cost_model.txt" \
-    | tail -20 | tee -a "$OUT/summary.txt"
+  run_step 30 "$OUT/cost_model.txt" "$PY" benchmarks/cost_model.py --kernel-csv "$ALL" \
+    --sizes-mib 16,64,256 --algorithms two_step --bits 8/8,4/4
 fi
 
 step "result: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+{
+  echo "| step | result | seconds |"
+  echo "|---|---|---|"
+  printf '%s\n' "${RESULTS[@]}"
+} | tee -a "$OUT/summary.txt"
 exit $status
