@@ -155,11 +155,12 @@ py::dict configToDict(const QuantConfig& c) {
 }
 
 // The fused CUDA-IPC two_step's protocol run on host memory, one thread per rank of `ranks`
-// (default all), in place on `inputs` (one CPU tensor per rank) over `buffers` (one zeroed byte
-// tensor per rank, kept by the caller across calls so epochs carry on). For the CPU tests.
+// (default all; each as `blocks` threads, as the kernel's blocks), in place on `inputs` (one
+// CPU tensor per rank) over `buffers` (one zeroed byte tensor per rank, kept by the caller
+// across calls so epochs carry on). For the CPU tests.
 std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<at::Tensor> buffers,
                                    py::tuple cfg, bool average, uint32_t callSeq, int64_t timeoutMs,
-                                   std::vector<int> ranks) {
+                                   std::vector<int> ranks, int blocks) {
   const int world = int(inputs.size());
   TORCH_CHECK_VALUE(world >= 2 && buffers.size() == inputs.size(),
                     "ipc_two_step_emulate: one input and one buffer per rank, at least 2 ranks");
@@ -204,7 +205,7 @@ std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<a
       const int r = ranks[i];
       IpcTwoStepArgs& a = args[i];
       a = ipcArgs(plan, r, g, inputs[r].data_ptr(), bufferPtrs.data(), timeoutMs * 1000000, &error);
-      threads.emplace_back([&a]() { ipcTwoStepEmulate(a); });
+      threads.emplace_back([&a, blocks]() { ipcTwoStepEmulate(a, blocks); });
     }
     for (auto& t : threads) t.join();
   }
@@ -307,7 +308,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cast_to_float", &castToFloatT, py::arg("x"));
   m.def("ipc_two_step_emulate", &ipcEmulate, py::arg("inputs"), py::arg("buffers"),
         py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,
-        py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{});
+        py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{},
+        py::arg("blocks") = 1);
   m.def(
       "ipc_geometry",
       [](int64_t chunkElems, int rsBits, int agBits, int groupSize, bool symmetric,

@@ -98,10 +98,23 @@ struct HostExec {
 
 }  // namespace
 
-bool ipcTwoStepEmulate(const IpcTwoStepArgs& a) {
-  HostExec ex{a};
+bool ipcTwoStepEmulate(const IpcTwoStepArgs& a, int blocks) {
+  blocks = blocks < 1 ? 1 : blocks;
   for (int64_t p = 0; p < a.geometry.pieces; ++p) {
-    if (!ipc::runPiece(ex, a, p, 0, 1)) return false;
+    std::vector<char> ok(size_t(blocks), 1);
+    std::vector<std::thread> threads;
+    for (int b = 1; b < blocks; ++b) {
+      threads.emplace_back([&, b]() {
+        HostExec ex{a};
+        ok[size_t(b)] = ipc::runPiece(ex, a, p, b, blocks);
+      });
+    }
+    HostExec ex{a};
+    ok[0] = ipc::runPiece(ex, a, p, 0, blocks);
+    for (auto& t : threads) t.join();
+    for (char o : ok) {
+      if (!o) return false;
+    }
   }
   uint32_t* epoch = ipc::word(a.buffers[a.rank], kIpcEpochOffset);
   storeRelease(epoch, loadAcquire(epoch) + uint32_t(a.geometry.pieces));

@@ -7,8 +7,10 @@
 
 namespace qcomm {
 
-// Run one rank's whole call (every piece, then the epoch advance) on host buffers. a.hostError
-// must point to host memory shared by the ranks. Returns false when a wait gave up.
-bool ipcTwoStepEmulate(const IpcTwoStepArgs& a);
+// Run one rank's whole call (every piece, then the epoch advance) on host buffers, each piece as
+// `blocks` threads that split its tasks as the kernel's blocks do (block b takes tasks b, b +
+// blocks, ...), joined before the next piece as a kernel launch ends. a.hostError must point to
+// host memory shared by the ranks. Returns false when a wait gave up.
+bool ipcTwoStepEmulate(const IpcTwoStepArgs& a, int blocks = 1);
 
 }  // namespace qcomm

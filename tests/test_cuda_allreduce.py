@@ -14,6 +14,9 @@ CUDA build.
 """
 
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -84,10 +87,10 @@ def _buffers(world, mib=32):
     return [torch.zeros(mib << 20, dtype=torch.uint8) for _ in range(world)]
 
 
-def _emulate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0):
+def _emulate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0, blocks=1):
     cfg = _two_step(rs, ag, symmetric, stochastic)
     outs = [x.clone() for x in xs]
-    qcomm._C.ipc_two_step_emulate(outs, bufs, cfg.as_tuple(), average, seq)
+    qcomm._C.ipc_two_step_emulate(outs, bufs, cfg.as_tuple(), average, seq, blocks=blocks)
     return outs
 
 
@@ -99,7 +102,7 @@ def test_ipc_protocol_emulated_matches_the_reference(world):
     for i, ((rs, ag), dtype, numel) in enumerate(cases):
         xs = _inputs(world, numel, dtype, i)
         avg = i % 3 == 0
-        outs = _emulate(xs, bufs, rs, ag, average=avg)
+        outs = _emulate(xs, bufs, rs, ag, average=avg, blocks=1 + i % 2)
         want = ref.allreduce(xs, "two_step", rs, ag, average=avg).out
         for r, o in enumerate(outs):
             if not _same_bits(o, want):
@@ -111,8 +114,9 @@ def test_ipc_protocol_emulated_matches_the_reference(world):
 
 
 def test_ipc_protocol_emulated_pieces_epochs_noise_and_symmetric():
-    # a buffer of 1 MiB: 600k elements run as several pieces; ten calls on the same buffers carry
-    # the epochs on; stochastic rounding takes the call's sequence number
+    # a buffer of 1 MiB: 600k elements run as several pieces, each split over three "blocks" per
+    # rank; ten calls on the same buffers carry the epochs on; stochastic rounding takes the
+    # call's sequence number
     world = 4
     bufs = _buffers(world, mib=1)
     g = qcomm._C.ipc_geometry(150016, 8, 8, 128, False, torch.float32, world, 1 << 20)
@@ -120,7 +124,7 @@ def test_ipc_protocol_emulated_pieces_epochs_noise_and_symmetric():
     for call in range(10):
         xs = _inputs(world, 600001 if call % 2 == 0 else 3001, torch.float32, 50 + call)
         sym, sr = call % 3 == 1, call % 4 == 2
-        outs = _emulate(xs, bufs, 8, 8, symmetric=sym, stochastic=sr, seq=call)
+        outs = _emulate(xs, bufs, 8, 8, symmetric=sym, stochastic=sr, seq=call, blocks=3)
         want = ref.allreduce(
             xs, "two_step", 8, 8, symmetric=sym, stochastic_seq=call if sr else None
         ).out
@@ -140,6 +144,22 @@ def test_ipc_protocol_emulated_reports_a_missing_rank_instead_of_hanging():
         )
     # the abort word is set in every rank's buffer: the peers stop at once, not after a time-out
     assert all(b[64:68].view(torch.int32).item() == 1 for b in bufs)
+
+
+def test_ipc_protocol_has_no_data_race():
+    # ThreadSanitizer over the emulation: 4 ranks x 3 blocks as threads, several pieces and calls.
+    # Weakening a flag's release store to relaxed makes it report a race on the slot bytes.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run(
+        ["bash", os.path.join(root, "scripts", "tsan_ipc.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "ThreadSanitizer" not in out, out[-4000:]
+    assert out.count("identical") == 4, out[-2000:]
 
 
 # ---- the GPU ----
