@@ -23,6 +23,7 @@ __all__ = [
     "plan",
     "backend_of",
     "compiled_with_cuda",
+    "cuda_transport",
 ]
 
 BACKEND = "qnccl"
@@ -101,6 +102,14 @@ def stats(group=None) -> dict:
     s = dict(backend_of(group).stats())
     s["compression"] = s["input_bytes"] / s["wire_bytes"] if s["wire_bytes"] else None
     return s
+
+
+def cuda_transport(group=None) -> dict:
+    """The transport of the group's quantized CUDA allreduces: {"transport": "ipc" | "nccl" | "",
+    "note": why IPC was not chosen}. "" until the group's first quantized CUDA allreduce (with
+    QCOMM_CUDA_QUANTIZE=1) has chosen, on every rank alike."""
+    be = backend_of(group)
+    return {"transport": be.cuda_transport(), "note": be.cuda_transport_note()}
 
 
 def reset_stats(group=None) -> None:

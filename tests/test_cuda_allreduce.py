@@ -146,6 +146,20 @@ def test_ipc_protocol_emulated_reports_a_missing_rank_instead_of_hanging():
     assert all(b[64:68].view(torch.int32).item() == 1 for b in bufs)
 
 
+def _transport_worker(rank, world):
+    x = torch.ones(1 << 20)
+    qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
+    dist.all_reduce(x)  # a CPU allreduce chooses no CUDA transport
+    return qcomm.cuda_transport()
+
+
+def test_cuda_transport_is_unchosen_until_a_cuda_allreduce():
+    got = run_ranks(_transport_worker, 2, timeout=120)
+    assert [g["transport"] for g in got] == ["", ""], got
+    if not qcomm.compiled_with_cuda():
+        assert all("without CUDA" in g["note"] for g in got), got
+
+
 def test_ipc_protocol_has_no_data_race():
     # ThreadSanitizer over the emulation: 4 ranks x 3 blocks as threads, several pieces and calls.
     # Weakening a flag's release store to relaxed makes it report a race on the slot bytes.
@@ -155,7 +169,11 @@ def test_ipc_protocol_has_no_data_race():
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "PYTHON": sys.executable},
+        # not under another sanitizer's preloaded runtime (scripts/sanitize.sh sets LD_PRELOAD)
+        env={
+            **{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
+            "PYTHON": sys.executable,
+        },
     )
     out = run.stdout + run.stderr
     assert run.returncode == 0 and "ThreadSanitizer" not in out, out[-4000:]
@@ -231,13 +249,9 @@ def _matrix_worker(rank, world):
     for (rs, ag), dtype, numel in itertools.product(BITS, DTYPES, [1, 7, 1000, 65539]):
         i += 1
         problems += _case(rank, world, rs, ag, dtype, numel, i)
-    if qcomm.backend_of().cuda_transport() != "ipc":
-        problems.append(
-            "transport is "
-            + qcomm.backend_of().cuda_transport()
-            + ": "
-            + qcomm.backend_of().cuda_transport_note()
-        )
+    chosen = qcomm.cuda_transport()
+    if chosen["transport"] != "ipc":
+        problems.append(f"transport is {chosen}")
     # AVG, symmetric, stochastic rounding, async on the side stream, a large message
     problems += _case(rank, world, 8, 8, torch.float32, 4099, 101, average=True)
     problems += _case(rank, world, 4, 8, torch.bfloat16, 5000, 102, symmetric=True)
