@@ -60,7 +60,12 @@ EOF
 step "exception probe"
 P=$(probe); rc=$?
 note "$P (rc=$rc)"
-[ $rc -eq 0 ] || ldd qcomm/_C*.so | grep -E 'stdc|gcc_s|gomp|c10' | tee -a "$OUT/summary.txt"
+if [ $rc -ne 0 ]; then  # what the extension and torch were built with, and what they load
+  ldd qcomm/_C*.so | grep -E 'stdc|gcc_s|gomp|c10' | tee -a "$OUT/summary.txt"
+  strings -a qcomm/_C*.so | grep -m2 "GCC: (" | tee -a "$OUT/summary.txt"
+  "$PY" -c "import torch; print(torch.__config__.show())" 2>&1 | grep -m3 -iE "compiler|gcc" \
+    | tee -a "$OUT/summary.txt"
+fi
 if [ $rc -ne 0 ] && [ -x /usr/bin/g++ ] && [ "${CXX:-}" != /usr/bin/g++ ]; then
   note "exceptions crash this build; rebuilding with CXX=/usr/bin/g++ ($(/usr/bin/g++ --version | head -1))"
   export CXX=/usr/bin/g++
