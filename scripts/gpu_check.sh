@@ -128,6 +128,9 @@ step "fused CUDA-IPC two_step, 2 ranks as threads on the one GPU"
 run_step 90 "$OUT/fused.txt" "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
   --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
 
+step "fused CUDA-IPC two_step, 4 ranks as threads on the one GPU (printed, not fed to the model)"
+run_step 60 "$OUT/fused.txt" "$PY" benchmarks/ipc_two_step_bench.py --world 4 --sizes-mib 64
+
 step "cost model on these measurements (8 GPUs, NVLink and PCIe)"
 if [ "$QUICK" != 1 ] && [ -s "$OUT/codec_kernels.csv" ]; then
   ALL=/tmp/qcomm_kernels_all.csv
