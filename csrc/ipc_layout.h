@@ -32,6 +32,9 @@ constexpr int64_t kIpcDataOffset = kIpcGatherFlagsOffset + kIpcFlagBytes;
 // gives up sets in every peer's buffer so their spins end at once.
 constexpr int64_t kIpcEpochOffset = 0;
 constexpr int64_t kIpcAbortOffset = 64;
+// the word a rank's first error claims (in device memory: atomics on host-mapped memory are not
+// atomic everywhere) before it writes the record to host-mapped memory
+constexpr int64_t kIpcErrorClaimOffset = 128;
 // Elements per tile, before clipping to the chunk: a multiple of every group size (32..1024).
 constexpr int64_t kIpcTileElems = 4096;
 

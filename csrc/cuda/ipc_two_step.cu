@@ -117,7 +117,11 @@ struct DeviceExec {
   float* sums;  // shared memory, one group per warp
   int* giveUp;  // shared memory
 
-  __device__ uint32_t epochBase() const { return *word(a.buffers[a.rank], kIpcEpochOffset); }
+  // an acquire load: the previous launch's advanceEpoch wrote it, and no stale cached copy may
+  // stand in for it
+  __device__ uint32_t epochBase() const {
+    return loadAcquire(word(a.buffers[a.rank], kIpcEpochOffset));
+  }
   __device__ void barrier() const { __syncthreads(); }
   __device__ bool leader() const { return threadIdx.x == 0; }
   __device__ void setGiveUp() const { *giveUp = 1; }
@@ -130,12 +134,17 @@ struct DeviceExec {
 
   __device__ void recordError(uint32_t code, uint32_t step, int peer, int64_t tile,
                               uint32_t epoch) const {
-    if (atomicCAS(&a.hostError->code, 0u, code) == 0u) {
-      a.hostError->step = step;
-      a.hostError->peer = uint32_t(peer);
-      a.hostError->tile = uint32_t(tile);
-      a.hostError->epoch = epoch;
-      a.hostError->rank = uint32_t(a.rank);
+    // the first error of this rank claims a word in its own buffer, then fills the host-mapped
+    // record, its code last, so the host never reads a code without its fields
+    if (atomicCAS(word(a.buffers[a.rank], kIpcErrorClaimOffset), 0u, 1u) == 0u) {
+      volatile IpcError* e = a.hostError;
+      e->step = step;
+      e->peer = uint32_t(peer);
+      e->tile = uint32_t(tile);
+      e->epoch = epoch;
+      e->rank = uint32_t(a.rank);
+      __threadfence_system();
+      e->code = code;
       __threadfence_system();
     }
   }
