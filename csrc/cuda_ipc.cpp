@@ -30,6 +30,18 @@ std::vector<uint8_t> bytesOf(const void* p, size_t n) {
   return std::vector<uint8_t>(b, b + n);
 }
 
+// A verdict as a store value: "ok", or "no:" and the reason (never empty, whatever the store).
+std::vector<uint8_t> verdict(const std::string& why) {
+  const std::string v = why.empty() ? "ok" : "no:" + why;
+  return std::vector<uint8_t>(v.begin(), v.end());
+}
+
+// The reason in a verdict read back, "" for "ok".
+std::string reasonOf(const std::vector<uint8_t>& v) {
+  const std::string s(v.begin(), v.end());
+  return s == "ok" ? "" : s.substr(s.rfind("no:", 0) == 0 ? 3 : 0);
+}
+
 std::string cudaWhy(const char* what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorString(e);
 }
@@ -100,11 +112,12 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   }
   // Second round: the verdict must be the same on every rank.
   const std::string verdictKey = "qcomm_ipc/verdict/";
-  store.set(verdictKey + std::to_string(rank), bytesOf(local.data(), local.size()));
+  store.set(verdictKey + std::to_string(rank), verdict(local));
   std::string why;
   for (int r = 0; r < world && why.empty(); ++r) {
     const std::vector<uint8_t> v = store.get(verdictKey + std::to_string(r));
-    if (!v.empty()) why = "rank " + std::to_string(r) + ": " + std::string(v.begin(), v.end());
+    const std::string reason = reasonOf(v);
+    if (!reason.empty()) why = "rank " + std::to_string(r) + ": " + reason;
   }
   if (why.empty()) {
     for (int r = 0; r < world && why.empty(); ++r) {
@@ -129,10 +142,10 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
       }
     }
     // A mapping can fail on one rank only: agree once more.
-    store.set(verdictKey + "mapped/" + std::to_string(rank), bytesOf(why.data(), why.size()));
+    store.set(verdictKey + "mapped/" + std::to_string(rank), verdict(why));
     for (int r = 0; r < world && why.empty(); ++r) {
       const std::vector<uint8_t> v = store.get(verdictKey + "mapped/" + std::to_string(r));
-      if (!v.empty()) why = std::string(v.begin(), v.end());
+      why = reasonOf(v);
     }
   }
   if (why.empty()) {
