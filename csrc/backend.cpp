@@ -93,7 +93,22 @@ Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
   const bool complexView = t.is_view() && t._base().is_complex();
   f.sparseOrComplex = t.is_sparse() || t.is_complex() || complexView || t.layout() != at::kStrided;
   f.world = getSize();
-  return makePlan(f, getConfig());
+  Plan p = makePlan(f, getConfig());
+  if (p.quantize && t.is_cuda()) {
+#ifdef QCOMM_WITH_CUDA
+    // Opt-in until the CUDA transports have run on a GPU (README, "CUDA tensors"): by default a
+    // CUDA allreduce stays NCCL's, exactly.
+    const char* optIn = std::getenv("QCOMM_CUDA_QUANTIZE");
+    if (!optIn || std::string(optIn) != "1") {
+      p.quantize = false;
+      p.reason = "CUDA tensor: quantizing CUDA allreduces is opt-in (QCOMM_CUDA_QUANTIZE=1)";
+    }
+#else
+    p.quantize = false;
+    p.reason = "CUDA tensor: qcomm was built without CUDA";
+#endif
+  }
+  return p;
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::passThroughAllreduce(
@@ -111,17 +126,9 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
                     t.device(), " are not supported; qnccl takes CPU and CUDA tensors");
   Plan plan = planFor(t, opts.reduceOp);
   if (!plan.quantize) return passThroughAllreduce(tensors, opts);
-  if (t.is_cuda()) {
 #ifdef QCOMM_WITH_CUDA
-    // Opt-in until the CUDA transports have run on a GPU (README, "CUDA tensors"): by default a
-    // CUDA allreduce stays NCCL's, exactly.
-    const char* optIn = std::getenv("QCOMM_CUDA_QUANTIZE");
-    if (!optIn || std::string(optIn) != "1") return passThroughAllreduce(tensors, opts);
-    return allreduceCuda(plan, tensors, opts);
-#else
-    return passThroughAllreduce(tensors, opts);  // a CPU-only build of qcomm: NCCL, exact
+  if (t.is_cuda()) return allreduceCuda(plan, tensors, opts);
 #endif
-  }
   plan.callSeq = callSeq_++;
   runQuantizedCpu(plan, t, callTimeout(opts));
   return c10::make_intrusive<CompletedWork>(getRank(), tensors);

@@ -315,6 +315,12 @@ def _semantics_worker(rank, world):
         if "numel" not in str(e):
             problems.append(f"mismatch error does not name numel: {e}")
     problems += _case(rank, world, 8, 8, torch.float32, 1000, 9)
+    # without the opt-in a CUDA allreduce is NCCL's (qcomm.plan says why; read per call)
+    os.environ.pop("QCOMM_CUDA_QUANTIZE")
+    p = qcomm.plan(torch.ones(1 << 20, device="cuda"))
+    if p["quantize"] or "QCOMM_CUDA_QUANTIZE" not in p["reason"]:
+        problems.append(f"plan without the opt-in: {p}")
+    os.environ["QCOMM_CUDA_QUANTIZE"] = "1"
     return problems
 
 
