@@ -100,18 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=["two_step", "ring", "semi_ring"],
         help="comma-separated (default two_step,ring,semi_ring)",
     )
-    p.add_argument(
-        "--bits",
-        type=bench.parse_bits,
-        default=bench.parse_bits("8/8,4/8,4/4"),
-        help="rs/ag bit pairs, each 4, 8 or none (default 8/8,4/8,4/4)",
-    )
-    p.add_argument("--group-size", type=int, default=128, help="elements per scale (default 128)")
-    p.add_argument("--symmetric", action="store_true", help="absmax scaling (default min/max)")
-    p.add_argument(
-        "--microshards", type=int, default=None, help="pieces per chunk (QuantConfig default)"
-    )
-    p.add_argument("--iters", type=int, default=5, help="timed calls per config (default 5)")
+    bench.add_codec_args(p)
     p.add_argument(
         "--large-iters",
         type=int,
@@ -138,9 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=bench.parse_size("1M"),
         help="sizes below this one use --small-iters (default 1M)",
     )
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
-    p.add_argument("--seed", type=int, default=1234, help="base seed of the inputs (default 1234)")
+    bench.add_run_args(p)
     p.add_argument(
         "--csv",
         metavar="PATH",

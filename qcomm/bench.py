@@ -133,6 +133,29 @@ def size_label(n: int) -> str:
     return str(n)
 
 
+def add_codec_args(p: argparse.ArgumentParser) -> None:
+    """The codec and timing options the main job and benchmarks/allreduce_sweep.py share."""
+    p.add_argument(
+        "--bits",
+        type=parse_bits,
+        default=parse_bits("8/8,4/8,4/4"),
+        help="rs/ag bit pairs, each 4, 8 or none (default 8/8,4/8,4/4)",
+    )
+    p.add_argument("--group-size", type=int, default=128, help="elements per scale (default 128)")
+    p.add_argument("--symmetric", action="store_true", help="absmax scaling (default min/max)")
+    p.add_argument(
+        "--microshards", type=int, default=None, help="pieces per chunk (QuantConfig default)"
+    )
+    p.add_argument("--iters", type=int, default=5, help="timed calls per config (default 5)")
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """Warm-up, threads and seed, shared likewise."""
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--seed", type=int, default=1234, help="base seed of the inputs (default 1234)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m qcomm.bench",
@@ -153,21 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=["two_step", "ring", "semi_ring"],
         help="comma-separated (default two_step,ring,semi_ring)",
     )
-    p.add_argument(
-        "--bits",
-        type=parse_bits,
-        default=parse_bits("8/8,4/8,4/4"),
-        help="rs/ag bit pairs, each 4, 8 or none (default 8/8,4/8,4/4)",
-    )
-    p.add_argument("--group-size", type=int, default=128, help="elements per scale (default 128)")
-    p.add_argument("--symmetric", action="store_true", help="absmax scaling (default min/max)")
-    p.add_argument(
-        "--microshards", type=int, default=None, help="pieces per ring chunk (QuantConfig default)"
-    )
-    p.add_argument("--iters", type=int, default=5, help="timed calls per config (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
-    p.add_argument("--seed", type=int, default=1234, help="base seed of the inputs (default 1234)")
+    add_codec_args(p)
+    add_run_args(p)
     p.add_argument("--csv", metavar="PATH", default=None, help="also write the rows to this CSV")
     p.add_argument(
         "--timeout", type=float, default=600.0, help="collective timeout in seconds (default 600)"
