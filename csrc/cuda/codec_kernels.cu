@@ -5,6 +5,7 @@
 // pointers and the last, partial slab take the scalar paths (one warp per group, one thread per
 // element; warp_codec.cuh). Grids are sized to the chip and grid-stride, so any numel works.
 #include "codec_kernels.h"
+#include "launch.cuh"
 #include "tile_codec.cuh"
 #include "warp_codec.cuh"
 
@@ -254,7 +255,7 @@ int64_t elementBlocks(int64_t n, int perThread) {
 
 template <auto kKernel, class... Args>
 void launch(int64_t blocksNeeded, cudaStream_t s, Args... args) {
-  kKernel<<<gridFor<kKernel>(blocksNeeded), kBlock, 0, s>>>(args...);
+  QCOMM_LAUNCH(kKernel, gridFor<kKernel>(blocksNeeded), kBlock, s)(args...);
 }
 
 template <class T>

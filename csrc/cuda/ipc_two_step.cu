@@ -25,6 +25,7 @@
 #define QCOMM_PROTO_FN __device__ __forceinline__
 #include "../ipc_protocol.h"
 #include "ipc_two_step.h"
+#include "launch.cuh"
 #include "warp_codec.cuh"
 
 namespace qcomm {
@@ -37,6 +38,12 @@ using ipc::word;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
 
+#if defined(QCOMM_SIMT)
+// the SIMT emulator of the CPU tests: the same orderings as C++ atomics
+using simt::globalTimerNs;
+using simt::loadAcquire;
+using simt::storeRelease;
+#else
 __device__ __forceinline__ uint32_t loadAcquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -52,6 +59,7 @@ __device__ __forceinline__ uint64_t globalTimerNs() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+#endif
 
 __device__ __forceinline__ float rawLoad(const uint8_t* src, int32_t dtype, int64_t i) {
   if (dtype == kFloat32) return reinterpret_cast<const float*>(src)[i];
@@ -242,11 +250,11 @@ cudaError_t launchPieces(const IpcTwoStepArgs& a, cudaStream_t stream) {
     const int64_t tasks = pieceSlots(g, p) * (a.world > 1 ? a.world - 1 : 1);
     int blocks = int(tasks < a.smCount ? tasks : a.smCount);
     blocks = blocks > 1 ? blocks : 1;
-    twoStepPiece<T><<<blocks, kThreads, 0, stream>>>(a, p);
+    QCOMM_LAUNCH(twoStepPiece<T>, blocks, kThreads, stream)(a, p);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  advanceEpoch<<<1, 1, 0, stream>>>(a.buffers[a.rank], uint32_t(g.pieces));
+  QCOMM_LAUNCH(advanceEpoch, 1, 1, stream)(a.buffers[a.rank], uint32_t(g.pieces));
   return cudaGetLastError();
 }
 

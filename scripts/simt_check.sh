@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs the CUDA kernels' own sources on the CPU under the SIMT emulator (tests/native/simt): the
+# codec kernels against the CPU codec bit for bit, and the fused CUDA-IPC two_step kernel with
+# W ranks x B blocks against the host emulation. No GPU needed; nvcc is not used (g++ compiles the
+# .cu files as C++ with tests/native/simt/simt.h forced in), only the toolkit's headers.
+#   scripts/simt_check.sh [codec|ipc|all] [--quick]
+#   scripts/simt_check.sh self [ok|divergent|exit|deadlock]   (the emulator's own test)
+# Run by tests/test_simt_emulation.py. Exits non-zero on a difference or an emulator error.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+WHAT="${1:-all}"
+shift || true
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+if [[ ! -f "$CUDA_HOME/include/cuda_runtime.h" ]]; then
+  echo "simt_check: no CUDA headers at $CUDA_HOME/include" >&2
+  exit 3
+fi
+TORCH="$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+OUTDIR="${QCOMM_SIMT_DIR:-/tmp/qcomm-simt}"
+mkdir -p "$OUTDIR"
+cd "$ROOT"
+CXX="${CXX_SIMT:-g++}"
+FLAGS=(-std=c++17 -O2 -g -ffp-contract=off -fno-strict-aliasing -D_GLIBCXX_USE_CXX11_ABI=1
+  -I csrc -I "$CUDA_HOME/include" -I "$TORCH/include")
+LIBS=(-L "$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -lpthread)
+KERNEL=(-x c++ -include tests/native/simt/simt.h)
+
+obj() {  # obj OUT SRC [flags...]: compile unless OUT is newer than every source it may include
+  local out="$1" src="$2"
+  shift 2
+  if [[ ! -f "$out" ]] || [[ -n "$(find csrc tests/native/simt -newer "$out" -print -quit)" ]]; then
+    "$CXX" "${FLAGS[@]}" "$@" -c "$src" -o "$out"
+  fi
+}
+
+obj "$OUTDIR/simt.o" tests/native/simt/simt.cpp
+obj "$OUTDIR/codec_cpu.o" csrc/codec_cpu.cpp
+
+if [[ "$WHAT" == self ]]; then  # the emulator's own test: scripts/simt_check.sh self [ok|divergent|...]
+  obj "$OUTDIR/selftest.o" tests/native/simt/selftest.cu "${KERNEL[@]}"
+  "$CXX" "$OUTDIR/selftest.o" "$OUTDIR/simt.o" -lpthread -o "$OUTDIR/simt_selftest"
+  exec "$OUTDIR/simt_selftest" "$@"
+fi
+if [[ "$WHAT" == codec || "$WHAT" == all ]]; then
+  obj "$OUTDIR/codec_kernels.o" csrc/cuda/codec_kernels.cu "${KERNEL[@]}"
+  obj "$OUTDIR/codec_main.o" tests/native/simt/codec_main.cpp
+  "$CXX" "$OUTDIR/codec_main.o" "$OUTDIR/codec_kernels.o" "$OUTDIR/codec_cpu.o" "$OUTDIR/simt.o" \
+    "${LIBS[@]}" -o "$OUTDIR/simt_codec"
+  "$OUTDIR/simt_codec" "$@"
+fi
+if [[ "$WHAT" == ipc || "$WHAT" == all ]]; then
+  obj "$OUTDIR/ipc_two_step.o" csrc/cuda/ipc_two_step.cu "${KERNEL[@]}"
+  for f in ipc_host ipc_layout plan config; do obj "$OUTDIR/$f.o" "csrc/$f.cpp"; done
+  obj "$OUTDIR/ipc_main.o" tests/native/simt/ipc_main.cpp
+  "$CXX" "$OUTDIR/ipc_main.o" "$OUTDIR/ipc_two_step.o" "$OUTDIR/ipc_host.o" "$OUTDIR/ipc_layout.o" \
+    "$OUTDIR/plan.o" "$OUTDIR/config.o" "$OUTDIR/codec_cpu.o" "$OUTDIR/simt.o" "${LIBS[@]}" \
+    -o "$OUTDIR/simt_ipc"
+  "$OUTDIR/simt_ipc" "$@"
+fi

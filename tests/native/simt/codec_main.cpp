@@ -1,0 +1,230 @@
+// The CUDA codec kernels (csrc/cuda/codec_kernels.cu), run by the SIMT emulator, against the CPU
+// codec (csrc/codec_cpu.cpp) bit for bit: wire bytes of encode, decoded values (with and without
+// accumulate) and the fused ring hop (partial sums and re-encoded bytes), for every dtype, bit
+// width, symmetry and group size, sizes with and without a partial last slab, aligned and
+// misaligned pointers (the vector and the scalar paths), stochastic rounding, and inputs with
+// non-finite values, constant groups, zeros of both signs, huge and denormal values. Prints one
+// line per family and exits non-zero at the first difference, naming the case and the byte.
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codec_cpu.h"
+#include "cuda/codec_kernels.h"
+
+using namespace qcomm;
+
+namespace {
+
+int failures = 0;
+int64_t cases = 0;
+
+const char* dtypeName(int32_t d) {
+  return d == kFloat32 ? "f32" : (d == kFloat16 ? "f16" : "bf16");
+}
+
+std::string describe(const char* what, int32_t dtype, const CodecSpec& c, int64_t n, int offset,
+                     bool noise) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s %s bits=%d sym=%d group=%d n=%lld offset=%d noise=%d", what,
+                dtypeName(dtype), c.bits, c.symmetric, c.groupSize, (long long)n, offset,
+                int(noise));
+  return buf;
+}
+
+bool sameBytes(const std::string& name, const uint8_t* a, const uint8_t* b, size_t bytes) {
+  for (size_t i = 0; i < bytes; ++i) {
+    if (a[i] != b[i]) {
+      std::fprintf(stderr, "DIFFER %s: byte %zu of %zu: cpu %02x emulated %02x\n", name.c_str(), i,
+                   bytes, a[i], b[i]);
+      ++failures;
+      return false;
+    }
+  }
+  return true;
+}
+
+// Values in fp32 with the special cases placed at fixed spots; then rounded to the dtype.
+std::vector<float> values(int64_t n, std::mt19937& gen, int variant) {
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = normal(gen);
+  if (variant == 1 && n > 0) {
+    const float big = std::numeric_limits<float>::max();
+    v[0] = std::numeric_limits<float>::quiet_NaN();
+    if (n > 40) v[40] = std::numeric_limits<float>::infinity();
+    if (n > 300) v[300] = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 1024; i < n && i < 2048; ++i) v[size_t(i)] = 0.5f;  // constant groups
+    for (int64_t i = 2048; i < n && i < 2304; ++i) v[size_t(i)] = (i & 1) ? 0.0f : -0.0f;
+    for (int64_t i = 2304; i < n && i < 2560; ++i) v[size_t(i)] = big * std::sin(float(i));
+    for (int64_t i = 2560; i < n && i < 2816; ++i) v[size_t(i)] = 1e-42f * float(i % 7 - 3);
+    if (n > 3000) v[3000] = 1e4f;  // an outlier
+  }
+  return v;
+}
+
+// x as `dtype` elements, starting `offset` elements into the returned storage.
+std::vector<uint8_t> asDtype(const std::vector<float>& v, int32_t dtype, int offset) {
+  const int eb = dtypeBytes(dtype);
+  std::vector<uint8_t> out(size_t((int64_t(v.size()) + offset) * eb + 16), 0);
+  castFromFloat(v.data(), int64_t(v.size()), dtype, out.data() + offset * eb);
+  return out;
+}
+
+void checkEncodeDecode(int32_t dtype, const CodecSpec& c, int64_t n, int offset, bool withNoise,
+                       int variant, std::mt19937& gen) {
+  ++cases;
+  const std::string name = describe("encode", dtype, c, n, offset, withNoise);
+  const std::vector<float> v = values(n, gen, variant);
+  std::vector<uint8_t> x = asDtype(v, dtype, offset);
+  const void* xp = x.data() + offset * dtypeBytes(dtype);
+  const Noise noise{noiseSalt(uint32_t(n), 1, 0), 4096, withNoise ? 1 : 0};
+  const size_t bytes = size_t(encodedBytes(n, c));
+  std::vector<uint8_t> cpu(bytes + 1, 0xcd), emu(bytes + 1, 0xcd);
+  encodeBlock(xp, dtype, n, c, cpu.data(), noise);
+  // a misaligned destination too: the data section then takes the scalar path
+  uint8_t* dst = emu.data();
+  std::vector<uint8_t> shifted;
+  if (offset != 0) {
+    shifted.assign(bytes + 8, 0xcd);
+    dst = shifted.data() + 4;
+  }
+  if (gpu::encode(xp, dtype, n, c, dst, noise, nullptr) != cudaSuccess) {
+    std::fprintf(stderr, "FAIL %s: launch error\n", name.c_str());
+    ++failures;
+    return;
+  }
+  if (!sameBytes(name, cpu.data(), dst, bytes + (offset != 0 ? 0 : 1))) return;
+
+  for (int acc = 0; acc < 2; ++acc) {
+    const std::string dname = describe(acc ? "decode+=" : "decode", dtype, c, n, offset, withNoise);
+    std::vector<float> a(size_t(n) + 1), b(size_t(n) + 1);
+    for (int64_t i = 0; i <= n; ++i) a[size_t(i)] = b[size_t(i)] = float(i % 13) - 6.0f;
+    float* out = b.data() + (offset != 0 ? 1 : 0);  // a misaligned output: the scalar path
+    if (offset != 0) {
+      for (int64_t i = 0; i < n; ++i) out[i] = a[size_t(i)];
+    }
+    decodeBlock(cpu.data(), n, c, a.data(), acc != 0);
+    if (gpu::decode(dst, n, c, out, acc != 0, nullptr) != cudaSuccess) {
+      std::fprintf(stderr, "FAIL %s: launch error\n", dname.c_str());
+      ++failures;
+      return;
+    }
+    if (!sameBytes(dname, reinterpret_cast<const uint8_t*>(a.data()),
+                   reinterpret_cast<const uint8_t*>(out), size_t(n) * 4)) {
+      return;
+    }
+  }
+}
+
+void checkHop(int32_t dtype, const CodecSpec& in, const CodecSpec& outSpec, int64_t n, bool alias,
+              bool withNoise, std::mt19937& gen) {
+  ++cases;
+  char extra[64];
+  std::snprintf(extra, sizeof extra, " in=%d/%d alias=%d", in.bits, in.symmetric, int(alias));
+  const std::string name = describe("hop", dtype, outSpec, n, 0, withNoise) + extra;
+  const std::vector<float> incoming = values(n, gen, 0);
+  const std::vector<float> localF = values(n, gen, 1);
+  std::vector<uint8_t> src(size_t(encodedBytes(n, in)));
+  encodeBlock(incoming.data(), kFloat32, n, in, src.data(), Noise{0, 0, 0});
+  const std::vector<uint8_t> local = asDtype(localF, dtype, 0);
+  const Noise noise{noiseSalt(7, 2, 1), 128, withNoise ? 1 : 0};
+
+  // the CPU ring hop: decode, add the local elements, encode the partial sum
+  std::vector<float> partialCpu(static_cast<size_t>(n));
+  decodeBlock(src.data(), n, in, partialCpu.data(), false);
+  addToFloat(local.data(), dtype, n, partialCpu.data());
+  std::vector<uint8_t> dstCpu(size_t(encodedBytes(n, outSpec)));
+  encodeBlock(partialCpu.data(), kFloat32, n, outSpec, dstCpu.data(), noise);
+
+  std::vector<uint8_t> dstEmu(dstCpu.size(), 0xcd);
+  std::vector<float> partialEmu(size_t(n), -1.0f);
+  std::vector<uint8_t> localCopy = local;  // the kernel may overwrite it when aliased
+  float* partial = partialEmu.data();
+  if (alias) partial = reinterpret_cast<float*>(localCopy.data());
+  if (gpu::decodeAddEncode(src.data(), in, localCopy.data(), dtype, n, partial, outSpec,
+                           dstEmu.data(), noise, nullptr) != cudaSuccess) {
+    std::fprintf(stderr, "FAIL %s: launch error\n", name.c_str());
+    ++failures;
+    return;
+  }
+  if (!sameBytes(name + " partial", reinterpret_cast<const uint8_t*>(partialCpu.data()),
+                 reinterpret_cast<const uint8_t*>(partial), size_t(n) * 4)) {
+    return;
+  }
+  sameBytes(name + " bytes", dstCpu.data(), dstEmu.data(), dstCpu.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  at::set_num_threads(1);
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  std::mt19937 gen(11);
+  const int32_t dtypes[] = {kFloat32, kFloat16, kBFloat16};
+  const int groups[] = {32, 64, 128, 256, 512, 1024};
+
+  // 1. encode and decode: the vector path (whole slabs), the partial last slab, tiny messages,
+  //    and misaligned pointers (scalar path)
+  int64_t before = cases;
+  for (int32_t dtype : dtypes) {
+    for (int bits : {4, 8}) {
+      for (int sym : {1, 0}) {
+        for (int g : groups) {
+          const CodecSpec c{bits, g, sym, kFloat32};
+          checkEncodeDecode(dtype, c, 4096, 0, false, 1, gen);  // whole slabs, special values
+          checkEncodeDecode(dtype, c, 3000 + g / 2 + 3, 0, false, 0, gen);  // partial slab
+          if (quick) continue;
+          checkEncodeDecode(dtype, c, 1, 0, false, 0, gen);
+          checkEncodeDecode(dtype, c, 37, 0, false, 0, gen);
+          checkEncodeDecode(dtype, c, 2200 + 5, 1, false, 1, gen);  // misaligned: scalar path
+        }
+        checkEncodeDecode(dtype, CodecSpec{bits, 128, sym, kFloat32}, 5000, 0, true, 0, gen);
+        checkEncodeDecode(dtype, CodecSpec{bits, 64, sym, kFloat32}, 2100, 1, true, 0, gen);
+      }
+    }
+  }
+  // raw phases (bits = 0): cast there, cast back
+  for (int32_t dtype : dtypes) {
+    for (int32_t raw : dtypes) {
+      checkEncodeDecode(dtype, CodecSpec{0, 128, 1, raw}, 1500, 0, false, 1, gen);
+    }
+  }
+  std::printf("encode/decode: %lld cases, %d differences\n", (long long)(cases - before), failures);
+
+  // 2. the fused ring hop, each input codec into each output codec, fp32 partial aliasing the
+  //    local input as the ring does in place
+  before = cases;
+  const int failuresBefore = failures;
+  for (int32_t dtype : dtypes) {
+    for (int inBits : {4, 8}) {
+      for (int outBits : {4, 8}) {
+        for (int sym : {1, 0}) {
+          const int g = quick ? 128 : (inBits == 4 ? 32 : 256);
+          const CodecSpec in{inBits, g, sym, kFloat32};
+          const CodecSpec out{outBits, g, 1 - sym, kFloat32};
+          checkHop(dtype, in, out, 4096 + 100, false, false, gen);
+          if (dtype == kFloat32) checkHop(dtype, in, out, 3072, true, false, gen);
+        }
+      }
+    }
+    checkHop(dtype, CodecSpec{8, 128, 1, kFloat32}, CodecSpec{4, 128, 0, kFloat32}, 2048, false,
+             true, gen);
+    // group sizes that differ, and raw phases: the unfused sequence
+    checkHop(dtype, CodecSpec{8, 64, 1, kFloat32}, CodecSpec{8, 128, 1, kFloat32}, 1000, false,
+             false, gen);
+    checkHop(dtype, CodecSpec{0, 128, 1, kBFloat16}, CodecSpec{8, 128, 0, kFloat32}, 1000, false,
+             false, gen);
+  }
+  std::printf("ring hop: %lld cases, %d differences\n", (long long)(cases - before),
+              failures - failuresBefore);
+  if (failures == 0)
+    std::printf("all %lld cases bit-identical to the CPU codec\n", (long long)cases);
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,227 @@
+// The fused CUDA-IPC two_step kernel (csrc/cuda/ipc_two_step.cu), run by the SIMT emulator with
+// W ranks as host threads, each launching its blocks (256 threads each) over shared host buffers,
+// against the host emulation of the same protocol (csrc/ipc_host.cpp, which the CPU tests check
+// against the reference): every rank's result bit for bit, identical across ranks, the device
+// epoch words, several pieces per call and several calls carrying the epochs. Then a rank that
+// never comes: the others must give up within the spin bound and record why. Exits non-zero on
+// any difference, a missing error record, or an emulator error.
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codec_cpu.h"
+#include "cuda/ipc_two_step.h"
+#include "ipc_host.h"
+#include "ipc_layout.h"
+#include "plan.h"
+
+using namespace qcomm;
+
+namespace {
+
+struct Case {
+  int world;
+  int blocks;
+  int32_t dtype;
+  int64_t numel;
+  int rsBits, agBits;
+  bool symmetric, stochastic, average;
+  int groupSize;
+  int64_t dataBytes;  // the buffer's data region: small, so a call takes several pieces
+  int calls;
+};
+
+using Buffers = std::vector<std::vector<uint8_t>>;
+
+std::vector<uint8_t*> pointers(Buffers& b) {
+  std::vector<uint8_t*> p;
+  for (auto& x : b) p.push_back(x.data());
+  return p;
+}
+
+uint32_t epochWord(const std::vector<uint8_t>& buf) {
+  uint32_t v;
+  std::memcpy(&v, buf.data() + kIpcEpochOffset, 4);
+  return v;
+}
+
+Plan planFor(const Case& k, int call) {
+  QuantConfig cfg;
+  cfg.algorithm = kTwoStep;
+  cfg.minBytes = 0;
+  cfg.rsBits = k.rsBits;
+  cfg.agBits = k.agBits;
+  cfg.symmetric = k.symmetric;
+  cfg.groupSize = k.groupSize;
+  cfg.stochasticRounding = k.stochastic;
+  CallFacts f;
+  f.numel = k.numel;
+  f.dtype = k.dtype;
+  f.opSum = !k.average;
+  f.opAvg = k.average;
+  f.world = k.world;
+  Plan plan = makePlan(f, cfg);
+  plan.callSeq = uint32_t(call);
+  return plan;
+}
+
+// One case: `calls` calls through the kernel and through the host emulation, compared.
+bool runCase(const Case& k, std::mt19937& gen) {
+  const int W = k.world;
+  const int eb = dtypeBytes(k.dtype);
+  const int64_t bufferBytes = kIpcDataOffset + k.dataBytes;
+  Buffers kernelBufs(size_t(W), std::vector<uint8_t>(size_t(bufferBytes), 0));
+  Buffers hostBufs = kernelBufs;
+  std::vector<uint8_t*> kp = pointers(kernelBufs), hp = pointers(hostBufs);
+  std::normal_distribution<float> normal;
+  int64_t pieces = 0;
+  for (int call = 0; call < k.calls; ++call) {
+    const Plan plan = planFor(k, call);
+    std::string why;
+    const IpcGeometry g = ipcGeometry(plan.chunkElems, plan.rs, plan.ag, W, bufferBytes, &why);
+    if (!why.empty() || g.pieces < 1) {
+      std::fprintf(stderr, "geometry: %s\n", why.c_str());
+      return false;
+    }
+    pieces = g.pieces;
+    std::vector<std::vector<uint8_t>> kd(static_cast<size_t>(W)), hd(static_cast<size_t>(W));
+    for (int r = 0; r < W; ++r) {
+      std::vector<float> v(size_t(k.numel));
+      for (float& x : v) x = normal(gen) * float(1 + r);
+      kd[size_t(r)].resize(size_t(k.numel * eb));
+      castFromFloat(v.data(), k.numel, k.dtype, kd[size_t(r)].data());
+      hd[size_t(r)] = kd[size_t(r)];
+    }
+    std::vector<IpcError> kErr(static_cast<size_t>(W)), hErr(static_cast<size_t>(W));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < W; ++r) {
+      ranks.emplace_back([&, r]() {
+        IpcTwoStepArgs a = ipcArgs(plan, r, g, kd[size_t(r)].data(), kp.data(),
+                                   int64_t(120) * 1000000000, &kErr[size_t(r)]);
+        a.smCount = k.blocks;
+        if (gpu::ipcTwoStep(a, nullptr) != cudaSuccess) kErr[size_t(r)].code = 99;
+      });
+    }
+    for (auto& t : ranks) t.join();
+    ranks.clear();
+    for (int r = 0; r < W; ++r) {
+      ranks.emplace_back([&, r]() {
+        const IpcTwoStepArgs a = ipcArgs(plan, r, g, hd[size_t(r)].data(), hp.data(),
+                                         int64_t(120) * 1000000000, &hErr[size_t(r)]);
+        ipcTwoStepEmulate(a, k.blocks);
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < W; ++r) {
+      if (kErr[size_t(r)].code != 0 || hErr[size_t(r)].code != 0) {
+        std::fprintf(stderr, "call %d rank %d: kernel error %u (%s), host error %u\n", call, r,
+                     kErr[size_t(r)].code, describeIpcError(kErr[size_t(r)]).c_str(),
+                     hErr[size_t(r)].code);
+        return false;
+      }
+      if (kd[size_t(r)] != hd[size_t(r)]) {
+        size_t i = 0;
+        while (kd[size_t(r)][i] == hd[size_t(r)][i]) ++i;
+        std::fprintf(stderr, "call %d rank %d: kernel and host emulation differ at byte %zu\n",
+                     call, r, i);
+        return false;
+      }
+      if (kd[size_t(r)] != kd[0]) {
+        std::fprintf(stderr, "call %d: rank %d's result differs from rank 0's\n", call, r);
+        return false;
+      }
+      if (epochWord(kernelBufs[size_t(r)]) != epochWord(hostBufs[size_t(r)])) {
+        std::fprintf(stderr, "call %d rank %d: epoch %u on the kernel's side, %u on the host's\n",
+                     call, r, epochWord(kernelBufs[size_t(r)]), epochWord(hostBufs[size_t(r)]));
+        return false;
+      }
+    }
+  }
+  std::printf(
+      "W=%d blocks=%d %s numel=%lld rs=%d ag=%d sym=%d stochastic=%d avg=%d group=%d: %d calls, "
+      "%lld pieces each, epoch %u: identical to the host emulation\n",
+      W, k.blocks, k.dtype == kFloat32 ? "f32" : (k.dtype == kFloat16 ? "f16" : "bf16"),
+      (long long)k.numel, k.rsBits, k.agBits, int(k.symmetric), int(k.stochastic), int(k.average),
+      k.groupSize, k.calls, (long long)pieces, epochWord(kernelBufs[0]));
+  return true;
+}
+
+// Rank W-1 never calls: every other rank must give up within the bound and record it.
+bool runMissingRank() {
+  const Case k{3, 2, kFloat32, 50000, 8, 8, false, false, false, 128, 64 << 10, 1};
+  const int W = k.world;
+  const int64_t bufferBytes = kIpcDataOffset + k.dataBytes;
+  Buffers bufs(size_t(W), std::vector<uint8_t>(size_t(bufferBytes), 0));
+  std::vector<uint8_t*> p = pointers(bufs);
+  const Plan plan = planFor(k, 0);
+  std::string why;
+  const IpcGeometry g = ipcGeometry(plan.chunkElems, plan.rs, plan.ag, W, bufferBytes, &why);
+  std::vector<std::vector<float>> data(size_t(W), std::vector<float>(size_t(k.numel), 1.0f));
+  std::vector<IpcError> err(static_cast<size_t>(W));
+  const int64_t timeoutNs = 300 * 1000000LL;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> ranks;
+  for (int r = 0; r + 1 < W; ++r) {
+    ranks.emplace_back([&, r]() {
+      IpcTwoStepArgs a =
+          ipcArgs(plan, r, g, data[size_t(r)].data(), p.data(), timeoutNs, &err[size_t(r)]);
+      a.smCount = k.blocks;
+      gpu::ipcTwoStep(a, nullptr);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bool timedOutOnMissing = false;
+  for (int r = 0; r + 1 < W; ++r) {
+    const IpcError& e = err[size_t(r)];
+    if (e.code == 0) {
+      std::fprintf(stderr, "missing rank: rank %d recorded no error\n", r);
+      return false;
+    }
+    if (e.rank != uint32_t(r)) {
+      std::fprintf(stderr, "missing rank: rank %d's record names rank %u\n", r, e.rank);
+      return false;
+    }
+    if (e.code == 1 && e.peer == uint32_t(W - 1)) timedOutOnMissing = true;
+    std::printf("missing rank: rank %d: %s\n", r, describeIpcError(e).c_str());
+  }
+  if (!timedOutOnMissing) {
+    std::fprintf(stderr, "missing rank: nobody timed out waiting for rank %d\n", W - 1);
+    return false;
+  }
+  std::printf("missing rank: every present rank gave up in %.2f s (bound %.2f s)\n", secs,
+              double(timeoutNs) / 1e9);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  at::set_num_threads(1);
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  std::mt19937 gen(5);
+  std::vector<Case> cases = {
+      // world, blocks, dtype, numel, rs, ag, sym, stochastic, avg, group, data bytes, calls
+      {2, 2, kFloat32, 70001, 8, 8, false, false, false, 128, 64 << 10, 3},
+      {4, 3, kBFloat16, 60000, 4, 8, true, false, false, 128, 64 << 10, 2},
+      {3, 1, kFloat16, 25003, 8, 4, false, true, true, 64, 128 << 10, 2},
+  };
+  if (!quick) {
+    cases.push_back({5, 2, kFloat32, 41000, 8, 0, false, false, false, 1024, 256 << 10, 2});
+    cases.push_back({8, 1, kBFloat16, 33000, 8, 8, true, false, false, 32, 256 << 10, 2});
+    cases.push_back({2, 4, kFloat32, 1000, 4, 4, false, false, true, 256, 64 << 10, 2});
+  }
+  for (const Case& k : cases) {
+    if (!runCase(k, gen)) return 1;
+  }
+  if (!runMissingRank()) return 1;
+  std::printf("fused two_step kernel: all cases identical to the host emulation\n");
+  return 0;
+}

@@ -1,0 +1,105 @@
+// Self-test of the SIMT emulator (simt.h): kernels whose results are known, and kernels with the
+// bugs the emulator must refuse. `selftest ok` runs the good ones and prints "selftest ok";
+// `selftest divergent|exit|deadlock` runs one bad kernel, which must abort with the message
+// tests/test_simt_emulation.py expects.
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "cuda/launch.cuh"
+
+namespace {
+
+// Each warp sums its lanes' values with xor shuffles; every lane must see the warp's total.
+__global__ void warpSum(const int* in, int* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  int v = in[i];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  out[i] = v;
+}
+
+// Shared memory is per block, and __syncthreads orders its writes before the reads.
+__global__ void reverseInBlock(const int* in, int* out) {
+  __shared__ int tile[256];
+  const int base = blockIdx.x * blockDim.x;
+  tile[threadIdx.x] = in[base + threadIdx.x];
+  __syncthreads();
+  out[base + threadIdx.x] = tile[blockDim.x - 1 - threadIdx.x];
+}
+
+__global__ void ballotOdd(unsigned* out) {
+  const unsigned b = __ballot_sync(0xffffffffu, threadIdx.x & 1);
+  if (threadIdx.x % 32 == 0) out[threadIdx.x / 32] = b;
+}
+
+// Bugs: half a warp at a shuffle, the other half at a ballot; a lane that leaves before a
+// shuffle; part of a warp at a shuffle while the rest of the block waits at __syncthreads.
+__global__ void divergent(int* out) {
+  if (threadIdx.x % 32 < 16) {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+  } else {
+    out[threadIdx.x] = int(__ballot_sync(0xffffffffu, 1));
+  }
+}
+
+__global__ void earlyExit(int* out) {
+  if (threadIdx.x == 5) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+}
+
+__global__ void deadlock(int* out) {
+  if (threadIdx.x < 16) {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);  // waits for lanes 16..31 forever
+  } else {
+    __syncthreads();  // waits for lanes 0..15 forever
+  }
+}
+
+bool good() {
+  const int n = 3 * 256;
+  std::vector<int> in(n), out(n, -1);
+  for (int i = 0; i < n; ++i) in[size_t(i)] = i * 7 % 11;
+  QCOMM_LAUNCH(warpSum, 3, 256, nullptr)(in.data(), out.data());
+  for (int w = 0; w < n / 32; ++w) {
+    int sum = 0;
+    for (int l = 0; l < 32; ++l) sum += in[size_t(w * 32 + l)];
+    for (int l = 0; l < 32; ++l) {
+      if (out[size_t(w * 32 + l)] != sum) {
+        std::printf("warpSum: lane %d of warp %d has %d, not %d\n", l, w, out[size_t(w * 32 + l)],
+                    sum);
+        return false;
+      }
+    }
+  }
+  QCOMM_LAUNCH(reverseInBlock, 3, 256, nullptr)(in.data(), out.data());
+  for (int i = 0; i < n; ++i) {
+    const int want = in[size_t(i / 256 * 256 + 255 - i % 256)];
+    if (out[size_t(i)] != want) {
+      std::printf("reverseInBlock: %d has %d, not %d\n", i, out[size_t(i)], want);
+      return false;
+    }
+  }
+  std::vector<unsigned> b(8, 0);
+  QCOMM_LAUNCH(ballotOdd, 1, 256, nullptr)(b.data());
+  for (unsigned v : b) {
+    if (v != 0xaaaaaaaau) {
+      std::printf("ballot: %08x\n", v);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* what = argc > 1 ? argv[1] : "ok";
+  std::vector<int> out(256, 0);
+  if (std::strcmp(what, "divergent") == 0) QCOMM_LAUNCH(divergent, 1, 64, nullptr)(out.data());
+  if (std::strcmp(what, "exit") == 0) QCOMM_LAUNCH(earlyExit, 1, 64, nullptr)(out.data());
+  if (std::strcmp(what, "deadlock") == 0) QCOMM_LAUNCH(deadlock, 1, 64, nullptr)(out.data());
+  if (std::strcmp(what, "ok") != 0) return 0;  // a bad kernel that was not refused
+  if (!good()) return 1;
+  std::printf("selftest ok\n");
+  return 0;
+}
