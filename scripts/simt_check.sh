@@ -4,7 +4,8 @@
 # W ranks x B blocks against the host emulation. No GPU needed; nvcc is not used (g++ compiles the
 # .cu files as C++ with tests/native/simt/simt.h forced in), only the toolkit's headers.
 #   scripts/simt_check.sh [codec|ipc|all] [--quick]
-#   scripts/simt_check.sh self [ok|divergent|exit|deadlock]   (the emulator's own test)
+#   scripts/simt_check.sh self [ok|divergent|exit|deadlock|race]   (the emulator's own test)
+# SIMT_TSAN=1 builds the kernels with ThreadSanitizer (a separate build directory).
 # Run by tests/test_simt_emulation.py. Exits non-zero on a difference or an emulator error.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +19,7 @@ if [[ ! -f "$CUDA_HOME/include/cuda_runtime.h" ]]; then
 fi
 TORCH="$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
 OUTDIR="${QCOMM_SIMT_DIR:-/tmp/qcomm-simt}"
+[[ "${SIMT_TSAN:-0}" == 1 ]] && OUTDIR="$OUTDIR-tsan"
 mkdir -p "$OUTDIR"
 cd "$ROOT"
 CXX="${CXX_SIMT:-g++}"
@@ -25,6 +27,15 @@ FLAGS=(-std=c++17 -O2 -g -ffp-contract=off -fno-strict-aliasing -D_GLIBCXX_USE_C
   -I csrc -I "$CUDA_HOME/include" -I "$TORCH/include")
 LIBS=(-L "$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -lpthread)
 KERNEL=(-x c++ -include tests/native/simt/simt.h)
+EMU=()  # the emulator's own runtime: never instrumented
+if [[ "${SIMT_TSAN:-0}" == 1 ]]; then
+  # ThreadSanitizer over the kernels: every CUDA thread a TSan fiber, ordered only by barriers
+  # and atomics (simt.h), so a missing __syncwarp/__syncthreads is a reported race
+  FLAGS+=(-fsanitize=thread -fno-omit-frame-pointer)
+  LIBS+=(-fsanitize=thread)
+  EMU=(-fno-sanitize=thread -DQCOMM_SIMT_TSAN=1)
+  export TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}"
+fi
 
 obj() {  # obj OUT SRC [flags...]: compile unless OUT is newer than every source it may include
   local out="$1" src="$2"
@@ -34,12 +45,12 @@ obj() {  # obj OUT SRC [flags...]: compile unless OUT is newer than every source
   fi
 }
 
-obj "$OUTDIR/simt.o" tests/native/simt/simt.cpp
+obj "$OUTDIR/simt.o" tests/native/simt/simt.cpp "${EMU[@]}"
 obj "$OUTDIR/codec_cpu.o" csrc/codec_cpu.cpp
 
 if [[ "$WHAT" == self ]]; then  # the emulator's own test: scripts/simt_check.sh self [ok|divergent|...]
   obj "$OUTDIR/selftest.o" tests/native/simt/selftest.cu "${KERNEL[@]}"
-  "$CXX" "$OUTDIR/selftest.o" "$OUTDIR/simt.o" -lpthread -o "$OUTDIR/simt_selftest"
+  "$CXX" "$OUTDIR/selftest.o" "$OUTDIR/simt.o" "${LIBS[@]}" -o "$OUTDIR/simt_selftest"
   exec "$OUTDIR/simt_selftest" "$@"
 fi
 if [[ "$WHAT" == codec || "$WHAT" == all ]]; then

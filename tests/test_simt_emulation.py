@@ -24,9 +24,9 @@ def build_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("simt"))
 
 
-def _run(what, build_dir, *args):
+def _run(what, build_dir, *args, tsan=False):
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # not under ASan's preload
-    env.update(PYTHON=sys.executable, QCOMM_SIMT_DIR=build_dir)
+    env.update(PYTHON=sys.executable, QCOMM_SIMT_DIR=build_dir, SIMT_TSAN="1" if tsan else "0")
     run = subprocess.run(
         ["bash", os.path.join(ROOT, "scripts", "simt_check.sh"), what, *args],
         capture_output=True,
@@ -68,3 +68,22 @@ def test_fused_two_step_kernel_matches_host_emulation(build_dir):
     assert out.count("identical to the host emulation") == 7, out[-4000:]  # 6 cases + summary
     assert "every present rank gave up" in out, out[-4000:]
     assert "simt:" not in out, out[-4000:]
+
+
+# ---- ThreadSanitizer: every CUDA thread a TSan fiber, ordered only by barriers and atomics ----
+
+
+def test_emulator_under_tsan_reports_a_missing_barrier(build_dir):
+    rc, out = _run("self", build_dir, "ok", tsan=True)
+    assert rc == 0 and "selftest ok" in out and "ThreadSanitizer" not in out, out[-4000:]
+    rc, out = _run("self", build_dir, "race", tsan=True)
+    assert rc != 0 and "ThreadSanitizer: data race" in out, out[-4000:]
+
+
+def test_fused_two_step_kernel_has_no_data_race(build_dir):
+    # W ranks x B blocks x 256 threads: a race between threads of one block (a missing
+    # __syncwarp or __syncthreads) or between ranks (a flag that does not order a slot) fails it.
+    # Removing either __syncwarp of DeviceExec::sumEncode makes it report one.
+    rc, out = _run("ipc", build_dir, "--quick", tsan=True)
+    assert rc == 0 and "ThreadSanitizer" not in out, out[-4000:]
+    assert out.count("identical to the host emulation") == 4, out[-4000:]  # 3 cases + summary

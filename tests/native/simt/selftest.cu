@@ -1,7 +1,7 @@
 // Self-test of the SIMT emulator (simt.h): kernels whose results are known, and kernels with the
 // bugs the emulator must refuse. `selftest ok` runs the good ones and prints "selftest ok";
-// `selftest divergent|exit|deadlock` runs one bad kernel, which must abort with the message
-// tests/test_simt_emulation.py expects.
+// `selftest divergent|exit|deadlock|race` runs one bad kernel, which must abort with the message
+// tests/test_simt_emulation.py expects (`race` under SIMT_TSAN=1 only).
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -55,6 +55,14 @@ __global__ void deadlock(int* out) {
   }
 }
 
+// A race: each thread reads its neighbour's shared word with no barrier between (under
+// SIMT_TSAN=1 the emulator must report it, whatever order the fibers ran in).
+__global__ void race(int* out) {
+  __shared__ int tile[64];
+  tile[threadIdx.x] = int(threadIdx.x);
+  out[threadIdx.x] = tile[(threadIdx.x + 1) % 64];
+}
+
 bool good() {
   const int n = 3 * 256;
   std::vector<int> in(n), out(n, -1);
@@ -98,6 +106,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(what, "divergent") == 0) QCOMM_LAUNCH(divergent, 1, 64, nullptr)(out.data());
   if (std::strcmp(what, "exit") == 0) QCOMM_LAUNCH(earlyExit, 1, 64, nullptr)(out.data());
   if (std::strcmp(what, "deadlock") == 0) QCOMM_LAUNCH(deadlock, 1, 64, nullptr)(out.data());
+  if (std::strcmp(what, "race") == 0) QCOMM_LAUNCH(race, 1, 64, nullptr)(out.data());
   if (std::strcmp(what, "ok") != 0) return 0;  // a bad kernel that was not refused
   if (!good()) return 1;
   std::printf("selftest ok\n");

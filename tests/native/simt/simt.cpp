@@ -15,11 +15,70 @@
 #include <thread>
 #include <vector>
 
+#if defined(QCOMM_SIMT_TSAN)
+// This file is built without instrumentation (its bookkeeping is not the kernels' memory); it
+// tells ThreadSanitizer about fibers and about the orderings barriers create.
+extern "C" {
+void* __tsan_get_current_fiber(void);
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_destroy_fiber(void* fiber);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+}
+#endif
+
 namespace qcomm {
 namespace simt {
 namespace {
 
 constexpr size_t kStackBytes = 128 << 10;
+
+// ThreadSanitizer's view: `sync` switches carry ordering (a fiber's start and end only), every
+// other switch carries none; barriers release into and acquire from a per-generation address.
+void* tsanCurrent() {
+#if defined(QCOMM_SIMT_TSAN)
+  return __tsan_get_current_fiber();
+#else
+  return nullptr;
+#endif
+}
+void* tsanCreate() {
+#if defined(QCOMM_SIMT_TSAN)
+  return __tsan_create_fiber(0);
+#else
+  return nullptr;
+#endif
+}
+void tsanDestroy(void* f) {
+#if defined(QCOMM_SIMT_TSAN)
+  if (f != nullptr) __tsan_destroy_fiber(f);
+#else
+  (void)f;
+#endif
+}
+void tsanSwitch(void* to, bool sync) {
+#if defined(QCOMM_SIMT_TSAN)
+  __tsan_switch_to_fiber(to, sync ? 0u : 1u /* __tsan_switch_to_fiber_no_sync */);
+#else
+  (void)to;
+  (void)sync;
+#endif
+}
+void tsanRelease(void* addr) {
+#if defined(QCOMM_SIMT_TSAN)
+  __tsan_release(addr);
+#else
+  (void)addr;
+#endif
+}
+void tsanAcquire(void* addr) {
+#if defined(QCOMM_SIMT_TSAN)
+  __tsan_acquire(addr);
+#else
+  (void)addr;
+#endif
+}
 
 struct Fiber {
   ucontext_t ctx;
@@ -28,6 +87,7 @@ struct Fiber {
   const uint64_t* waitGen = nullptr;  // while waiting at a barrier: its generation counter
   uint64_t waitVal = 0;               // and the value it had on arrival
   std::unique_ptr<char[]> stack;
+  void* tsan = nullptr;
 };
 
 struct Warp {
@@ -37,6 +97,7 @@ struct Warp {
   uint64_t gen = 0;
   Op op = Op::kSyncWarp;
   uint64_t slots[32] = {};
+  char order[2];  // ThreadSanitizer sync addresses of even and odd generations
 };
 
 struct Block {
@@ -48,7 +109,9 @@ struct Block {
   int arrived = 0;
   uint64_t gen = 0;
   ucontext_t sched;
+  void* tsanSched = nullptr;
   int cur = -1;
+  char order[2];
 };
 
 thread_local Block* tlBlock = nullptr;
@@ -73,6 +136,7 @@ Fiber& self() { return block().fibers[size_t(block().cur)]; }
 void yieldToScheduler() {
   Block& b = block();
   Fiber& f = b.fibers[size_t(b.cur)];
+  tsanSwitch(b.tsanSched, false);
   swapcontext(&f.ctx, &b.sched);
 }
 
@@ -87,6 +151,7 @@ void waitFor(const uint64_t* gen, uint64_t was) {
 
 void fiberMain() {
   Block& b = *tlBlock;
+  yieldToScheduler();  // started (with the launch's ordering); run once every fiber is
   (*b.body)();
   Fiber& f = b.fibers[size_t(b.cur)];
   f.done = true;
@@ -100,6 +165,7 @@ void fiberMain() {
     b.arrived = 0;
     ++b.gen;
   }
+  tsanSwitch(b.tsanSched, true);  // the block's end (and the launch's join) follows this fiber
   // returning resumes the scheduler (uc_link)
 }
 
@@ -119,6 +185,7 @@ void runBlock(Dim bid, Dim bdim, Dim gdim, const std::function<void()>& body) {
     ++w.live;
   }
   tlBlock = &b;
+  b.tsanSched = tsanCurrent();
   for (int i = 0; i < n; ++i) {
     Fiber& f = b.fibers[size_t(i)];
     f.tid = Dim{unsigned(i), 0, 0};
@@ -128,6 +195,13 @@ void runBlock(Dim bid, Dim bdim, Dim gdim, const std::function<void()>& body) {
     f.ctx.uc_stack.ss_size = kStackBytes;
     f.ctx.uc_link = &b.sched;
     makecontext(&f.ctx, fiberMain, 0);
+    f.tsan = tsanCreate();
+  }
+  for (int i = 0; i < n; ++i) {  // start every fiber, ordered after the launch, before any runs
+    Fiber& f = b.fibers[size_t(i)];
+    b.cur = i;
+    tsanSwitch(f.tsan, true);
+    swapcontext(&b.sched, &f.ctx);
   }
   int remaining = n;
   while (remaining > 0) {
@@ -137,6 +211,7 @@ void runBlock(Dim bid, Dim bdim, Dim gdim, const std::function<void()>& body) {
       if (f.done || (f.waitGen != nullptr && *f.waitGen == f.waitVal)) continue;
       ran = true;
       b.cur = i;
+      tsanSwitch(f.tsan, false);
       swapcontext(&b.sched, &f.ctx);
       if (f.done) --remaining;
     }
@@ -147,6 +222,7 @@ void runBlock(Dim bid, Dim bdim, Dim gdim, const std::function<void()>& body) {
       fail(b, "every live thread of the block waits at a barrier that cannot complete");
     }
   }
+  for (Fiber& f : b.fibers) tsanDestroy(f.tsan);
   tlBlock = nullptr;
 }
 
@@ -156,8 +232,6 @@ const Dim& threadIdxOf() { return self().tid; }
 const Dim& blockIdxOf() { return block().bid; }
 const Dim& blockDimOf() { return block().bdim; }
 const Dim& gridDimOf() { return block().gdim; }
-int laneId() { return block().cur % 32; }
-uint64_t* warpSlots() { return block().warps[size_t(block().cur / 32)].slots; }
 
 void warpSync(Op op, unsigned mask) {
   Block& b = block();
@@ -170,24 +244,51 @@ void warpSync(Op op, unsigned mask) {
     fail(b, "lanes of one warp meet at different warp operations (divergence)");
   }
   const uint64_t was = w.gen;
+  const bool orders = op == Op::kSyncWarp;  // shuffles and ballots order no memory
+  if (orders) tsanRelease(&w.order[was & 1]);
   if (++w.arrived == w.live) {
     if (w.live != 32) fail(b, "a full-mask warp operation with exited lanes");
     w.arrived = 0;
     ++w.gen;
-    return;
+  } else {
+    waitFor(&w.gen, was);
   }
-  waitFor(&w.gen, was);
+  if (orders) tsanAcquire(&w.order[was & 1]);
+}
+
+uint64_t shuffleWord(unsigned mask, uint64_t v, int laneMask) {
+  Block& b = block();
+  Warp& w = b.warps[size_t(b.cur / 32)];
+  const int lane = b.cur % 32;
+  w.slots[lane] = v;
+  warpSync(Op::kShuffle, mask);
+  const uint64_t r = w.slots[(lane ^ laneMask) & 31];
+  warpSync(Op::kShuffle, mask);  // nobody overwrites a slot before every lane has read
+  return r;
+}
+
+unsigned ballot(unsigned mask, int pred) {
+  Block& b = block();
+  Warp& w = b.warps[size_t(b.cur / 32)];
+  w.slots[b.cur % 32] = pred != 0;
+  warpSync(Op::kBallot, mask);
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l) r |= unsigned(w.slots[l] != 0) << l;
+  warpSync(Op::kBallot, mask);
+  return r;
 }
 
 void blockSync() {
   Block& b = block();
   const uint64_t was = b.gen;
+  tsanRelease(&b.order[was & 1]);
   if (++b.arrived == b.live) {
     b.arrived = 0;
     ++b.gen;
-    return;
+  } else {
+    waitFor(&b.gen, was);
   }
-  waitFor(&b.gen, was);
+  tsanAcquire(&b.order[was & 1]);
 }
 
 void yieldSpin() {

@@ -9,6 +9,11 @@
 // __shfl_xor_sync, __ballot_sync and __nanosleep. `__shared__` is a thread_local static, so it is
 // per block. Memory is host memory; the atomics and fences are C++'s.
 //
+// Under ThreadSanitizer (scripts/simt_check.sh with SIMT_TSAN=1) every fiber is a TSan fiber,
+// switched without implied ordering; only __syncwarp and __syncthreads (and the atomics) order
+// memory, as on the GPU, so a missing barrier between threads of one block is reported as a race
+// whatever order the fibers happened to run in.
+//
 // What it checks beyond the values: every warp operation here takes the full mask, so all 32
 // lanes must reach the same kind of operation together; a lane that exits while its warp waits
 // at one, a mix of operations at one barrier, and a block whose every thread waits at a barrier
@@ -45,9 +50,7 @@ const Dim& gridDimOf();
 enum class Op { kSyncWarp, kShuffle, kBallot };
 void warpSync(Op op, unsigned mask);
 void blockSync();
-void yieldSpin();       // a spinning thread lets the others of its block and the other blocks run
-uint64_t* warpSlots();  // 32 words the lanes of the calling warp exchange values through
-int laneId();
+void yieldSpin();  // a spinning thread lets the others of its block and the other blocks run
 
 // Run `body` as a grid of blocks x threads (1-D); returns when every block has finished.
 void run(unsigned grid, unsigned block, const std::function<void()>& body);
@@ -72,28 +75,19 @@ Launcher<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_
   return Launcher<P...>{kernel, grid.x, block.x};
 }
 
+// The exchange itself (simt.cpp): the calling lane offers `v` and gets lane (lane ^ laneMask)'s
+// word. Like the hardware, it orders no memory: only __syncwarp and __syncthreads do.
+uint64_t shuffleWord(unsigned mask, uint64_t v, int laneMask);
+unsigned ballot(unsigned mask, int pred);
+
 template <class T>
 T shuffleXor(unsigned mask, T v, int laneMask) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a wide type");
-  uint64_t* slots = warpSlots();
-  const int lane = laneId();
   uint64_t w = 0;
   std::memcpy(&w, &v, sizeof(T));
-  slots[lane] = w;
-  warpSync(Op::kShuffle, mask);
+  w = shuffleWord(mask, w, laneMask);
   T r;
-  std::memcpy(&r, &slots[(lane ^ laneMask) & 31], sizeof(T));
-  warpSync(Op::kShuffle, mask);  // nobody overwrites a slot before every lane has read
-  return r;
-}
-
-inline unsigned ballot(unsigned mask, int pred) {
-  uint64_t* slots = warpSlots();
-  slots[laneId()] = pred != 0;
-  warpSync(Op::kBallot, mask);
-  unsigned r = 0;
-  for (int l = 0; l < 32; ++l) r |= unsigned(slots[l] != 0) << l;
-  warpSync(Op::kBallot, mask);
+  std::memcpy(&r, &w, sizeof(T));
   return r;
 }
 
