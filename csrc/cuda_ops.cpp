@@ -47,18 +47,61 @@ at::Tensor cudaEncode(const at::Tensor& x, int bits, int groupSize, bool symmetr
   return out;
 }
 
-at::Tensor cudaDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSize, bool symmetric) {
+// Decode into a new fp32 tensor, or into `out` (any fp32 CUDA view of numel elements, possibly
+// misaligned: the kernel's scalar path), adding to it with accumulate.
+at::Tensor cudaDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSize, bool symmetric,
+                      py::object out, bool accumulate) {
   TORCH_CHECK_VALUE(bytes.is_cuda(), "[qcomm] cuda_codec_decode takes a CUDA tensor");
   c10::cuda::CUDAGuard guard(bytes.device());
   const CodecSpec s = spec(bits, groupSize, symmetric, at::kFloat);
   TORCH_CHECK_VALUE(bytes.numel() == encodedBytes(n, s), "[qcomm] codec: expected ",
                     encodedBytes(n, s), " bytes");
   at::Tensor b = bytes.contiguous();
-  at::Tensor out = at::empty({n}, b.options().dtype(at::kFloat));
-  check(gpu::decode(b.data_ptr<uint8_t>(), n, s, out.data_ptr<float>(), false,
+  at::Tensor o;
+  if (out.is_none()) {
+    TORCH_CHECK_VALUE(!accumulate, "[qcomm] cuda_codec_decode: accumulate needs `out`");
+    o = at::empty({n}, b.options().dtype(at::kFloat));
+  } else {
+    o = out.cast<at::Tensor>();
+    TORCH_CHECK_VALUE(
+        o.is_cuda() && o.scalar_type() == at::kFloat && o.is_contiguous() && o.numel() == n,
+        "[qcomm] cuda_codec_decode: `out` must be a contiguous fp32 CUDA tensor of ", n,
+        " elements");
+  }
+  check(gpu::decode(b.data_ptr<uint8_t>(), n, s, o.data_ptr<float>(), accumulate,
                     at::cuda::getCurrentCUDAStream()),
         "decode");
-  return out;
+  return o;
+}
+
+// The fused ring hop: partial = decode(src) + local, then partial encoded with the out codec.
+// Returns (partial, encoded); with in_place (local fp32) partial is local itself, as the ring
+// runs it.
+py::tuple cudaHop(const at::Tensor& src, int inBits, int inGroup, bool inSym,
+                  const at::Tensor& local, int outBits, int outGroup, bool outSym,
+                  py::object noiseSalt, int64_t noiseBase, bool inPlace) {
+  TORCH_CHECK_VALUE(src.is_cuda() && local.is_cuda(), "[qcomm] cuda_codec_hop takes CUDA tensors");
+  c10::cuda::CUDAGuard guard(local.device());
+  TORCH_CHECK_VALUE(local.is_contiguous(), "[qcomm] cuda_codec_hop: `local` must be contiguous");
+  const int64_t n = local.numel();
+  const CodecSpec in = spec(inBits, inGroup, inSym, at::kFloat);
+  const CodecSpec out = spec(outBits, outGroup, outSym, at::kFloat);
+  const int32_t localDtype = codecDtype(local.scalar_type());
+  TORCH_CHECK_VALUE(localDtype >= 0, "[qcomm] cuda_codec_hop: `local` is not fp32, fp16 or bf16");
+  TORCH_CHECK_VALUE(src.numel() == encodedBytes(n, in), "[qcomm] codec: expected ",
+                    encodedBytes(n, in), " bytes");
+  TORCH_CHECK_VALUE(!inPlace || local.scalar_type() == at::kFloat,
+                    "[qcomm] cuda_codec_hop: in_place needs an fp32 `local`");
+  at::Tensor s = src.contiguous();
+  at::Tensor partial = inPlace ? local : at::empty({n}, local.options().dtype(at::kFloat));
+  at::Tensor dst = at::empty({encodedBytes(n, out)}, s.options());
+  const Noise noise{noiseSalt.is_none() ? 0u : noiseSalt.cast<uint32_t>(), noiseBase,
+                    noiseSalt.is_none() ? 0 : 1};
+  check(gpu::decodeAddEncode(s.data_ptr<uint8_t>(), in, local.data_ptr(), localDtype, n,
+                             partial.data_ptr<float>(), out, dst.data_ptr<uint8_t>(), noise,
+                             at::cuda::getCurrentCUDAStream()),
+        "decode-add-encode");
+  return py::make_tuple(partial, dst);
 }
 
 }  // namespace
@@ -67,7 +110,12 @@ void registerCudaOps(py::module& m) {
   m.def("cuda_codec_encode", &cudaEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
         py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
   m.def("cuda_codec_decode", &cudaDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
-        py::arg("group_size"), py::arg("symmetric"));
+        py::arg("group_size"), py::arg("symmetric"), py::arg("out") = py::none(),
+        py::arg("accumulate") = false);
+  m.def("cuda_codec_hop", &cudaHop, py::arg("src"), py::arg("in_bits"), py::arg("in_group"),
+        py::arg("in_symmetric"), py::arg("local"), py::arg("out_bits"), py::arg("out_group"),
+        py::arg("out_symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0,
+        py::arg("in_place") = false);
 }
 
 }  // namespace qcomm

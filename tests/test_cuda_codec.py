@@ -59,3 +59,97 @@ def test_cuda_stochastic_matches_cpu(bits, sym):
     cpu = _C.codec_encode(x, bits, 128, sym, noise_salt=salt, noise_base=4096)
     gpu = _C.cuda_codec_encode(x.cuda(), bits, 128, sym, noise_salt=salt, noise_base=4096)
     assert torch.equal(cpu, gpu.cpu())
+
+
+# ---- every path of the vectorised kernels: the same cases the SIMT emulator runs on CPU ----
+
+
+def _special(n, seed):
+    """Normal values with NaN, +-Inf, constant groups, zeros of both signs, huge and denormal
+    values at fixed spots (tests/native/simt/codec_main.cpp places them alike)."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 3
+    fmax = torch.finfo(torch.float32).max
+    spots = {0: float("nan"), 40: float("inf"), 300: float("-inf"), 3000: 1e4}
+    for i, v in spots.items():
+        if i < n:
+            x[i] = v
+    x[1024:2048] = 0.5
+    i = torch.arange(n)
+    zeros = (i >= 2048) & (i < 2304)
+    x[zeros] = torch.where(i[zeros] % 2 == 1, 0.0, -0.0)
+    huge = (i >= 2304) & (i < 2560)
+    x[huge] = fmax * torch.sin(i[huge].float())
+    tiny = (i >= 2560) & (i < 2816)
+    x[tiny] = 1e-42 * (i[tiny] % 7 - 3).float()
+    return x
+
+
+def _same_floats(a, b):
+    """Bit for bit, except that a NaN matches any NaN (CPU and GPU NaN payloads differ)."""
+    na, nb = torch.isnan(a), torch.isnan(b)
+    if not torch.equal(na, nb):
+        return False
+    return torch.equal(a[~na].view(torch.int32), b[~nb].view(torch.int32))
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, 256, 512, 1024])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_vector_and_scalar_paths_match_cpu(group, dtype):
+    # whole slabs, a partial last slab, a tiny message, and a misaligned input and output (the
+    # scalar paths); decode with and without accumulate
+    for bits, sym in itertools.product([4, 8], [True, False]):
+        for n, offset in [(4096, 0), (3000 + group // 2 + 3, 0), (2205, 1), (37, 0)]:
+            base = _special(n + offset, seed=n + group).to(dtype)
+            x = base[offset:]
+            cpu = _C.codec_encode(x, bits, group, sym)
+            gpu = _C.cuda_codec_encode(base.cuda()[offset:], bits, group, sym)
+            case = f"bits={bits} sym={sym} n={n} offset={offset}"
+            assert torch.equal(cpu, gpu.cpu()), f"{case}: wire bytes differ"
+            init = (torch.arange(n + 1) % 13 - 6).float()
+            for acc in (False, True):
+                store = init.cuda()
+                out = store[offset : offset + n]
+                _C.cuda_codec_decode(gpu, n, bits, group, sym, out=out, accumulate=acc)
+                want = _C.codec_decode(cpu, n, bits, group, sym)
+                if acc:
+                    want = init[offset : offset + n] + want
+                assert _same_floats(want, out.cpu()), f"{case} accumulate={acc}: values differ"
+
+
+@pytest.mark.parametrize("local_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_ring_hop_matches_cpu(local_dtype):
+    # partial = decode(src) + local, then partial encoded: the fused kernel against the CPU's
+    # unfused sequence, every pair of input and output codecs, fp32 partial in place
+    g = torch.Generator().manual_seed(3)
+    combos = itertools.product([4, 8], [4, 8], [True, False], [4196, 3072, 1000])
+    for in_bits, out_bits, sym, n in combos:
+        group = 32 if in_bits == 4 else 256
+        incoming = torch.randn(n, generator=g) * 3
+        local = _special(n, seed=n).to(local_dtype)
+        src = _C.codec_encode(incoming, in_bits, group, sym)
+        want_partial = _C.codec_decode(src, n, in_bits, group, sym) + local.float()
+        want = _C.codec_encode(want_partial, out_bits, group, not sym)
+        in_place = local_dtype == torch.float32 and n == 3072
+        loc = local.cuda()
+        partial, dst = _C.cuda_codec_hop(
+            src.cuda(), in_bits, group, sym, loc, out_bits, group, not sym, in_place=in_place
+        )
+        case = f"in={in_bits} out={out_bits} sym={sym} n={n} in_place={in_place}"
+        if in_place:
+            assert partial.data_ptr() == loc.data_ptr(), case
+        assert _same_floats(want_partial, partial.cpu()), f"{case}: partial sums differ"
+        assert torch.equal(want, dst.cpu()), f"{case}: re-encoded bytes differ"
+    # stochastic rounding of the re-encode, and group sizes that differ (the unfused sequence)
+    x = torch.randn(2048, generator=g)
+    local = torch.randn(2048, generator=g).to(local_dtype)
+    salt = ref.noise_salt(7, 2, 1)
+    for in_group, out_group, noise in [(128, 128, True), (64, 128, False)]:
+        src = _C.codec_encode(x, 8, in_group, True)
+        want_partial = _C.codec_decode(src, 2048, 8, in_group, True) + local.float()
+        kw = dict(noise_salt=salt, noise_base=128) if noise else {}
+        want = _C.codec_encode(want_partial, 4, out_group, False, **kw)
+        partial, dst = _C.cuda_codec_hop(
+            src.cuda(), 8, in_group, True, local.cuda(), 4, out_group, False, **kw
+        )
+        assert _same_floats(want_partial, partial.cpu()), (in_group, out_group, noise)
+        assert torch.equal(want, dst.cpu()), (in_group, out_group, noise)
