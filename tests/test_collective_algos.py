@@ -206,6 +206,7 @@ def test_cpu_codec_ops_hop_matches_reference():
         assert torch.equal(dst, ref.encode_bytes(want, cout, noise)), (ib, ob, dtype, sym, sr)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(
     not (torch.cuda.is_available() and qcomm.compiled_with_cuda()),
     reason="needs a GPU and the CUDA build",
@@ -249,6 +250,7 @@ def _cuda_worker(rank, world):
     return problems
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(
     not (torch.cuda.is_available() and qcomm.compiled_with_cuda()),
     reason="needs a GPU and the CUDA build",

@@ -10,10 +10,13 @@ import qcomm
 from qcomm import _C
 from qcomm import reference as ref
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and qcomm.compiled_with_cuda()),
-    reason="needs a CUDA device and the CUDA build",
-)
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and qcomm.compiled_with_cuda()),
+        reason="needs a CUDA device and the CUDA build",
+    ),
+]
 
 
 def _inputs():
