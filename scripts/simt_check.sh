@@ -25,8 +25,10 @@ cd "$ROOT"
 CXX="${CXX_SIMT:-g++}"
 FLAGS=(-std=c++17 -O2 -g -ffp-contract=off -fno-strict-aliasing -D_GLIBCXX_USE_CXX11_ABI=1
   -I csrc -I "$CUDA_HOME/include" -I "$TORCH/include")
-LIBS=(-L "$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -lpthread)
-KERNEL=(-x c++ -include tests/native/simt/simt.h)
+LIBS=(-L "$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -lpthread -fsanitize=alignment)
+# the kernels: host C++ with the emulator forced in; a misaligned vector access (a trap on the
+# GPU) aborts under UBSan's alignment check
+KERNEL=(-x c++ -include tests/native/simt/simt.h -fsanitize=alignment -fno-sanitize-recover=alignment)
 EMU=()  # the emulator's own runtime: never instrumented
 if [[ "${SIMT_TSAN:-0}" == 1 ]]; then
   # ThreadSanitizer over the kernels: every CUDA thread a TSan fiber, ordered only by barriers
