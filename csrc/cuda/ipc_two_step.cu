@@ -26,6 +26,7 @@
 #include "../ipc_protocol.h"
 #include "ipc_two_step.h"
 #include "launch.cuh"
+#include "tile_codec.cuh"
 #include "warp_codec.cuh"
 
 namespace qcomm {
@@ -192,26 +193,70 @@ struct DeviceExec {
   }
 
   // Decode the W reduce copies of slot s, sum them in rank order (fp32; AVG divides by W),
-  // encode the sum with the gather codec into out.
+  // encode the sum with the gather codec into out. One warp per group: the sum is built in the
+  // warp's shared row (`mine`), copy by copy, each copy's parameters loaded once per group.
   __device__ void sumEncode(Tile tile, int64_t s, uint8_t* out) const {
     uint8_t* own = a.buffers[a.rank];
     const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
     float* mine = sums + warp * a.ag.groupSize;
     const Noise noise{a.agNoise.salt, tile.begin, a.agNoise.on};
     const int64_t groups = numGroups(tile.len, a.ag);
+    // the reduce codec's groups line up with the gather codec's when both have the group size
+    const bool byGroup = a.rs.bits != 0 && a.rs.groupSize == a.ag.groupSize;
     for (int64_t gi = warp; gi < groups; gi += kWarps) {
       const int glen = groupLength(tile.len, a.ag, gi);
       const int64_t begin = gi * a.ag.groupSize;
-      for (int k = threadIdx.x % kWarp; k < glen; k += kWarp) {
-        float acc = decodeElem(ipc::reduceSlot(own, a.geometry, 0, s), tile.len, a.rs, begin + k);
-        for (int q = 1; q < a.world; ++q) {
-          acc = acc + decodeElem(ipc::reduceSlot(own, a.geometry, q, s), tile.len, a.rs, begin + k);
+      if (byGroup) {
+        for (int q = 0; q < a.world; ++q) {
+          addCopy(ipc::reduceSlot(own, a.geometry, q, s), tile.len, gi, glen, mine, q == 0);
         }
-        mine[k] = a.average ? acc / float(a.world) : acc;
+        if (a.average) {
+          for (int k = lane; k < glen; k += kWarp) mine[k] = mine[k] / float(a.world);
+        }
+      } else {
+        for (int k = lane; k < glen; k += kWarp) {
+          float acc = decodeElem(ipc::reduceSlot(own, a.geometry, 0, s), tile.len, a.rs, begin + k);
+          for (int q = 1; q < a.world; ++q) {
+            acc =
+                acc + decodeElem(ipc::reduceSlot(own, a.geometry, q, s), tile.len, a.rs, begin + k);
+          }
+          mine[k] = a.average ? acc / float(a.world) : acc;
+        }
       }
       __syncwarp();
       encodeGroup(a.ag, tile.len, gi, out, noise, [&](int k) { return mine[k]; });
       __syncwarp();
+    }
+  }
+
+  // mine[k] = x^[k] (first) or mine[k] + x^[k] for the elements k of group gi of one reduce copy
+  // (an encoded block of n elements with the reduce codec); lane l takes k = l, l + 32, ...
+  __device__ void addCopy(const uint8_t* block, int64_t n, int64_t gi, int glen, float* mine,
+                          bool first) const {
+    if (a.rs.bits == 8) {
+      if (a.rs.symmetric)
+        addCopyT<8, true>(block, n, gi, glen, mine, first);
+      else
+        addCopyT<8, false>(block, n, gi, glen, mine, first);
+    } else {
+      if (a.rs.symmetric)
+        addCopyT<4, true>(block, n, gi, glen, mine, first);
+      else
+        addCopyT<4, false>(block, n, gi, glen, mine, first);
+    }
+  }
+
+  template <int kBits, bool kSym>
+  __device__ void addCopyT(const uint8_t* block, int64_t n, int64_t gi, int glen, float* mine,
+                           bool first) const {
+    const GroupParams p = loadParams(block, n, a.rs, gi);
+    const uint8_t* data =
+        block + dataOffset(n, a.rs) + (kBits == 8 ? gi * a.rs.groupSize : gi * a.rs.groupSize / 2);
+    for (int k = threadIdx.x % kWarp; k < glen; k += kWarp) {
+      const uint32_t code = kBits == 8 ? data[k] : (uint32_t(data[k >> 1]) >> ((k & 1) * 4)) & 0xfu;
+      const float v = dequantizeOne<kBits, kSym>(code, p);
+      mine[k] = first ? v : mine[k] + v;
     }
   }
 
@@ -221,16 +266,45 @@ struct DeviceExec {
     for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) to[v] = from[v];
   }
 
+  // The output elements of a tile from its gather bytes (an encoded block of tile.len elements),
+  // one element per thread and step; the block's layout is computed once, not per element.
   __device__ void decodeOut(const uint8_t* src, Tile tile) const {
-    T* x = static_cast<T*>(a.data);
+    if (a.ag.bits == 0) {
+      T* x = static_cast<T*>(a.data) + tile.begin;
+      for (int64_t e = threadIdx.x; e < tile.len; e += blockDim.x) {
+        x[e] = fromFloat<T>(rawLoad(src, a.ag.rawDtype, e));
+      }
+    } else if (a.ag.bits == 8) {
+      if (a.ag.symmetric)
+        decodeOutT<8, true>(src, tile);
+      else
+        decodeOutT<8, false>(src, tile);
+    } else {
+      if (a.ag.symmetric)
+        decodeOutT<4, true>(src, tile);
+      else
+        decodeOutT<4, false>(src, tile);
+    }
+  }
+
+  template <int kBits, bool kSym>
+  __device__ void decodeOutT(const uint8_t* src, Tile tile) const {
+    T* x = static_cast<T*>(a.data) + tile.begin;
+    const float* meta = reinterpret_cast<const float*>(src);
+    const int64_t groups = numGroups(tile.len, a.ag);
+    const uint8_t* data = src + dataOffset(tile.len, a.ag);
+    const int shift = __ffs(a.ag.groupSize) - 1;  // group sizes are powers of two
     for (int64_t e = threadIdx.x; e < tile.len; e += blockDim.x) {
-      x[tile.begin + e] = fromFloat<T>(decodeElem(src, tile.len, a.ag, e));
+      const GroupParams p = loadParamsAt<kSym>(meta, groups, e >> shift);
+      const uint32_t code = kBits == 8 ? data[e] : (uint32_t(data[e >> 1]) >> ((e & 1) * 4)) & 0xfu;
+      x[e] = fromFloat<T>(dequantizeOne<kBits, kSym>(code, p));
     }
   }
 };
 
+// At most one block per SM is ever launched, so the register budget is one block's (no spills).
 template <class T>
-__global__ void __launch_bounds__(kThreads) twoStepPiece(IpcTwoStepArgs a, int64_t piece) {
+__global__ void __launch_bounds__(kThreads, 1) twoStepPiece(IpcTwoStepArgs a, int64_t piece) {
   __shared__ float sums[kWarps * 1024];
   __shared__ int giveUp;
   if (threadIdx.x == 0) giveUp = 0;

@@ -217,6 +217,7 @@ int main(int argc, char** argv) {
     cases.push_back({5, 2, kFloat32, 41000, 8, 0, false, false, false, 1024, 256 << 10, 2});
     cases.push_back({8, 1, kBFloat16, 33000, 8, 8, true, false, false, 32, 256 << 10, 2});
     cases.push_back({2, 4, kFloat32, 1000, 4, 4, false, false, true, 256, 64 << 10, 2});
+    cases.push_back({3, 2, kBFloat16, 30000, 0, 8, false, false, false, 128, 256 << 10, 2});
   }
   for (const Case& k : cases) {
     if (!runCase(k, gen)) return 1;
