@@ -139,6 +139,7 @@ class QncclBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   mutable std::mutex cudaMutex_;
   std::unique_ptr<CudaPath, CudaPathDeleter> cuda_;
+  std::string cudaSetupError_;  // the set-up failed: every later CUDA allreduce raises this
   mutable std::mutex configMutex_;
   QuantConfig config_;
   Stats stats_;

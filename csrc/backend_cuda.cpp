@@ -1,12 +1,15 @@
 // QncclBackend's quantized allreduce of CUDA tensors: transport choice, streams and Work, as
 // ProcessGroupNCCL does them. Built only with CUDA.
 //
-// Streams: the input is taken as ready on the caller's current stream. An async op (asyncOp, the
-// default of torch.distributed.all_reduce) runs on the group's side stream after an event
-// recorded on the current stream; its Work's wait() makes the then-current stream wait for the
-// end event, without blocking the host. asyncOp=false (torch 2.8+) runs on the current stream
-// itself. Nothing here synchronizes with the device, so the op can be captured in a CUDA graph
-// once the group's transport is set up (the first quantized CUDA allreduce does that).
+// Streams: the input is taken as ready on the caller's current stream. An async op (asyncOp)
+// runs on the group's side stream after an event recorded on the current stream; its Work's
+// wait() makes the then-current stream wait for the end event, without blocking the host.
+// asyncOp=false (torch 2.8+) runs on the current stream itself with the NCCL transport; with the
+// IPC transport every call runs on the side stream (calls share the group's buffers and device
+// epoch, so they must not overlap, whatever stream each caller is on) and a sync call makes the
+// current stream wait for it at once. Nothing here synchronizes with the device, so the op can
+// be captured in a CUDA graph once the group's transport is set up (the first quantized CUDA
+// allreduce does that).
 #ifdef QCOMM_WITH_CUDA
 
 #include <ATen/cuda/CUDAContext.h>
@@ -100,25 +103,47 @@ CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
         ", got a tensor on cuda:", device, "; use one device per rank and group, as with NCCL");
     return *cuda_;
   }
+  // the set-up runs once: a failure (a store time-out, QCOMM_TRANSPORT=ipc refused) stays, so
+  // that no rank ever repeats the store rounds alone
+  TORCH_CHECK(cudaSetupError_.empty(), cudaSetupError_);
   TORCH_CHECK(!capturing, prefix(),
               "allreduce: the first quantized CUDA allreduce of a group sets up its transport "
               "(buffers, handles) and cannot run under CUDA graph capture; run one allreduce on "
               "the group before capturing (a warm-up, as torch.cuda.graph recommends)");
-  const std::string mode = transportMode(prefix());
-  std::unique_ptr<CudaPath, CudaPathDeleter> p(
-      new CudaPath(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)));
-  p->device = device;
-  if (mode == "nccl") {
-    p->note = "QCOMM_TRANSPORT=nccl";
-  } else if (!store_) {
-    p->note = "no store was given to the backend";
-  } else {
-    p->ipc = IpcTransport::create(*store_, getRank(), getSize(), device, ipcBufferBytes(prefix()),
-                                  &p->note);
+  try {
+    // invalid settings still take part in the set-up (as mode "invalid"), so that every rank
+    // raises instead of the others waiting for this one in the store
+    std::string mode = "invalid", settingsError;
+    int64_t bufferBytes = 0;
+    try {
+      mode = transportMode(prefix());
+      bufferBytes = ipcBufferBytes(prefix());
+    } catch (const c10::Error& e) {
+      mode = "invalid";
+      settingsError = e.what_without_backtrace();
+    }
+    std::unique_ptr<CudaPath, CudaPathDeleter> p(
+        new CudaPath(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)));
+    p->device = device;
+    std::string mustFail;
+    if (!store_) {
+      p->note = "no store was given to the backend";
+      if (mode == "ipc") mustFail = "QCOMM_TRANSPORT=ipc but " + p->note;
+    } else {
+      // every rank takes part, whatever its mode, so that the verdict is the same everywhere
+      p->ipc = IpcTransport::create(*store_, getRank(), getSize(), device, bufferBytes, mode,
+                                    &p->note, &mustFail);
+    }
+    TORCH_CHECK_VALUE(settingsError.empty(), settingsError);
+    TORCH_CHECK(mustFail.empty(), prefix(), "allreduce: ", mustFail);
+    cuda_ = std::move(p);
+  } catch (const c10::Error& e) {
+    cudaSetupError_ = e.what_without_backtrace();
+    throw;
+  } catch (const std::exception& e) {
+    cudaSetupError_ = e.what();
+    throw;
   }
-  TORCH_CHECK(mode != "ipc" || p->ipc, prefix(),
-              "QCOMM_TRANSPORT=ipc but CUDA IPC is not possible in this group: ", p->note);
-  cuda_ = std::move(p);
   return *cuda_;
 }
 
@@ -147,8 +172,12 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   TORCH_CHECK(useIpc || nccl_, prefix(), "allreduce: no NCCL backend for the ",
               algoName(plan.algorithm), " algorithm (CUDA IPC runs two_step only)");
 
-  const c10::cuda::CUDAStream run = opts.asyncOp ? path.side : current;
-  if (opts.asyncOp) {
+  // Async ops run on the side stream. So do all IPC calls: they share the group's buffers and
+  // device epoch, so one must end before the next starts, whatever stream the caller is on; a
+  // sync call then makes the current stream wait at once.
+  const bool onSide = opts.asyncOp || useIpc;
+  const c10::cuda::CUDAStream run = onSide ? path.side : current;
+  if (onSide) {
     at::cuda::CUDAEvent ready;
     ready.record(current);
     ready.block(run);
@@ -164,12 +193,13 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
     }
     if (!buf.is_same(t)) t.copy_(buf);
   }
-  if (opts.asyncOp) {
+  if (onSide) {
     // the caller's tensor is used on the side stream: keep its memory from being reused before
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), run);
   }
   auto done = std::make_shared<at::cuda::CUDAEvent>();
   done->record(run);
+  if (onSide && !opts.asyncOp) done->block(current);
   stats_.quantizedCalls++;
   stats_.inputBytes += t.numel() * t.element_size();
   stats_.wireBytes += wire;

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "algorithms.h"
@@ -19,11 +20,24 @@ namespace {
 struct PeerInfo {
   char host[64];
   char busId[32];
-  int32_t pid;
+  char mode[8];         // its QCOMM_TRANSPORT
+  int64_t bufferBytes;  // its QCOMM_IPC_BUFFER_MB, in bytes: the tiling depends on it
+  uint64_t process;     // a random token of its process: ranks that are threads of one process
   int32_t allocated;
-  uint64_t pointer;  // the buffer's address in its owner's process (used when the pid matches)
+  int32_t pad;
+  uint64_t pointer;  // the buffer's address in its owner's process (used within one process)
   cudaIpcMemHandle_t handle;
 };
+
+// A token per process, so that "the same process" never rests on a pid (containers that share a
+// host name can reuse pids).
+uint64_t processToken() {
+  static const uint64_t token = [] {
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ uint64_t(rd()) ^ uint64_t(getpid());
+  }();
+  return token;
+}
 
 std::vector<uint8_t> bytesOf(const void* p, size_t n) {
   const auto* b = static_cast<const uint8_t*>(p);
@@ -46,11 +60,26 @@ std::string cudaWhy(const char* what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorString(e);
 }
 
+// store.get, with a failure (a rank that never publishes: the store's timeout) said in our words.
+std::vector<uint8_t> getFrom(c10d::Store& store, const std::string& key, int rank, int world,
+                             int from) {
+  try {
+    return store.get(key);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, rankPrefix(rank, world), "CUDA-IPC set-up: waiting for rank ", from,
+                "'s record '", key,
+                "' in the store failed; every rank must make its first quantized CUDA allreduce "
+                "on this group (and hold the same QCOMM_CUDA_QUANTIZE): ",
+                e.what());
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank, int world,
                                                    int device, int64_t bufferBytes,
-                                                   std::string* whyNot) {
+                                                   const std::string& mode, std::string* whyNot,
+                                                   std::string* mustFail) {
   std::unique_ptr<IpcTransport> t(new IpcTransport());
   t->rank_ = rank;
   t->world_ = world;
@@ -60,7 +89,9 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
 
   PeerInfo mine{};
   gethostname(mine.host, sizeof(mine.host) - 1);
-  mine.pid = int32_t(getpid());
+  std::strncpy(mine.mode, mode.c_str(), sizeof(mine.mode) - 1);
+  mine.bufferBytes = bufferBytes;
+  mine.process = processToken();
   cudaDeviceGetPCIBusId(mine.busId, sizeof(mine.busId) - 1, device);
   cudaDeviceGetAttribute(&t->smCount_, cudaDevAttrMultiProcessorCount, device);
   // QCOMM_IPC_BLOCKS caps the blocks of one launch (default: one per SM). Ranks that are threads
@@ -69,14 +100,34 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     const int cap = std::atoi(v);
     if (cap >= 1 && cap < t->smCount_) t->smCount_ = cap;
   }
-  if (world > kIpcMaxRanks) local = "more than " + std::to_string(kIpcMaxRanks) + " ranks";
+  if (mode == "nccl") local = "its QCOMM_TRANSPORT is nccl";
+  if (mode == "invalid") local = "its QCOMM_TRANSPORT or QCOMM_IPC_BUFFER_MB is invalid";
+  if (local.empty() && world > kIpcMaxRanks) {
+    local = "more than " + std::to_string(kIpcMaxRanks) + " ranks";
+  }
   if (local.empty()) {
+    // every resource this rank needs, before the first round: a failure is a verdict the peers
+    // share, never an exception after they have agreed
+    cudaStream_t zeroing = nullptr;
     cudaError_t e = cudaMalloc(&t->own_, size_t(bufferBytes));
-    if (e == cudaSuccess) e = cudaMemset(t->own_, 0, size_t(bufferBytes));
+    // zeroed on a stream of its own: a device-wide sync could wait on a peer's kernel (ranks that
+    // are threads of one process)
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMemsetAsync(t->own_, 0, size_t(bufferBytes), zeroing);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(zeroing);
+    if (zeroing != nullptr) cudaStreamDestroy(zeroing);
     if (e == cudaSuccess) e = cudaIpcGetMemHandle(&mine.handle, t->own_);
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) {
+      e = cudaHostAlloc(reinterpret_cast<void**>(&t->hostError_), sizeof(IpcError),
+                        cudaHostAllocMapped);
+    }
+    if (e == cudaSuccess) {
+      std::memset(t->hostError_, 0, sizeof(IpcError));
+      e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&t->deviceError_), t->hostError_, 0);
+    }
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&t->lastEnd_, cudaEventDisableTiming);
     if (e != cudaSuccess) {
-      local = cudaWhy("allocating the IPC buffer", e);
+      local = cudaWhy("setting up its IPC buffer", e);
       cudaGetLastError();
     } else {
       mine.allocated = 1;
@@ -86,23 +137,39 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   store.set("qcomm_ipc/info/" + std::to_string(rank), bytesOf(&mine, sizeof(mine)));
 
   std::vector<PeerInfo> all(static_cast<size_t>(world));
+  int required = -1, invalid = -1;  // the first rank whose mode is "ipc", "invalid"
   for (int r = 0; r < world; ++r) {
-    const std::vector<uint8_t> v = store.get("qcomm_ipc/info/" + std::to_string(r));
-    TORCH_CHECK(v.size() == sizeof(PeerInfo), "[qcomm] IPC: bad peer record from rank ", r);
+    const std::string key = "qcomm_ipc/info/" + std::to_string(r);
+    const std::vector<uint8_t> v = getFrom(store, key, rank, world, r);
+    TORCH_CHECK(v.size() == sizeof(PeerInfo), rankPrefix(rank, world), "CUDA-IPC set-up: rank ", r,
+                "'s record has ", v.size(), " bytes, not ", sizeof(PeerInfo),
+                " (a different qcomm build?)");
     std::memcpy(&all[size_t(r)], v.data(), sizeof(PeerInfo));
+    all[size_t(r)].mode[sizeof(mine.mode) - 1] = '\0';
+    all[size_t(r)].host[sizeof(mine.host) - 1] = '\0';
+    all[size_t(r)].busId[sizeof(mine.busId) - 1] = '\0';
+    if (required < 0 && std::strcmp(all[size_t(r)].mode, "ipc") == 0) required = r;
+    if (invalid < 0 && std::strcmp(all[size_t(r)].mode, "invalid") == 0) invalid = r;
   }
   for (int r = 0; r < world && local.empty(); ++r) {
     const PeerInfo& p = all[size_t(r)];
-    if (!p.allocated) {
-      local = "rank " + std::to_string(r) + " could not allocate its buffer";
+    const std::string who = "rank " + std::to_string(r);
+    if (std::strcmp(p.mode, "nccl") == 0) {
+      local = who + "'s QCOMM_TRANSPORT is nccl";
+    } else if (std::strcmp(p.mode, "invalid") == 0) {
+      local = who + "'s QCOMM_TRANSPORT or QCOMM_IPC_BUFFER_MB is invalid";
+    } else if (p.bufferBytes != bufferBytes) {
+      local = "QCOMM_IPC_BUFFER_MB differs: " + std::to_string(bufferBytes >> 20) + " on rank " +
+              std::to_string(rank) + ", " + std::to_string(p.bufferBytes >> 20) + " on " + who;
+    } else if (!p.allocated) {
+      local = who + " could not set up its buffer";
     } else if (std::strncmp(p.host, mine.host, sizeof(mine.host)) != 0) {
-      local = "rank " + std::to_string(r) + " is on another host (" + p.host + ")";
+      local = who + " is on another host (" + p.host + ")";
     } else if (r != rank) {
       int peerDevice = -1;
       if (cudaDeviceGetByPCIBusId(&peerDevice, p.busId) != cudaSuccess) {
         cudaGetLastError();
-        local = "rank " + std::to_string(r) + "'s GPU " + p.busId + " is not visible to rank " +
-                std::to_string(rank);
+        local = who + "'s GPU " + p.busId + " is not visible to rank " + std::to_string(rank);
       } else if (peerDevice != device) {
         int can = 0;
         cudaDeviceCanAccessPeer(&can, device, peerDevice);
@@ -115,26 +182,41 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   store.set(verdictKey + std::to_string(rank), verdict(local));
   std::string why;
   for (int r = 0; r < world && why.empty(); ++r) {
-    const std::vector<uint8_t> v = store.get(verdictKey + std::to_string(r));
+    const std::vector<uint8_t> v = getFrom(store, verdictKey + std::to_string(r), rank, world, r);
     const std::string reason = reasonOf(v);
     if (!reason.empty()) why = "rank " + std::to_string(r) + ": " + reason;
   }
   if (why.empty()) {
     for (int r = 0; r < world && why.empty(); ++r) {
       const PeerInfo& p = all[size_t(r)];
+      const std::string mapping =
+          "rank " + std::to_string(rank) + " mapping rank " + std::to_string(r) + "'s buffer";
       if (r == rank) {
         t->peers_[r] = t->own_;
-      } else if (p.pid == mine.pid) {  // ranks as threads of one process share the address space
-        t->peers_[r] = reinterpret_cast<uint8_t*>(p.pointer);
+      } else if (p.process == mine.process) {
+        // ranks as threads of one process share the address space; a buffer on another GPU needs
+        // peer access enabled (cudaIpcMemLazyEnablePeerAccess covers only opened handles)
+        int peerDevice = -1;
+        cudaError_t e = cudaDeviceGetByPCIBusId(&peerDevice, p.busId);
+        if (e == cudaSuccess && peerDevice != device) {
+          e = cudaDeviceEnablePeerAccess(peerDevice, 0);
+          if (e == cudaErrorPeerAccessAlreadyEnabled) {
+            cudaGetLastError();
+            e = cudaSuccess;
+          }
+        }
+        if (e != cudaSuccess) {
+          cudaGetLastError();
+          why = cudaWhy(mapping.c_str(), e);
+        } else {
+          t->peers_[r] = reinterpret_cast<uint8_t*>(p.pointer);
+        }
       } else {
         void* ptr = nullptr;
         const cudaError_t e = cudaIpcOpenMemHandle(&ptr, p.handle, cudaIpcMemLazyEnablePeerAccess);
         if (e != cudaSuccess) {
           cudaGetLastError();
-          why = cudaWhy(
-              ("rank " + std::to_string(rank) + " mapping rank " + std::to_string(r) + "'s buffer")
-                  .c_str(),
-              e);
+          why = cudaWhy(mapping.c_str(), e);
         } else {
           t->peers_[r] = static_cast<uint8_t*>(ptr);
           t->opened_[r] = true;
@@ -144,33 +226,40 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     // A mapping can fail on one rank only: agree once more.
     store.set(verdictKey + "mapped/" + std::to_string(rank), verdict(why));
     for (int r = 0; r < world && why.empty(); ++r) {
-      const std::vector<uint8_t> v = store.get(verdictKey + "mapped/" + std::to_string(r));
-      why = reasonOf(v);
+      why = reasonOf(getFrom(store, verdictKey + "mapped/" + std::to_string(r), rank, world, r));
     }
   }
-  if (why.empty()) {
-    const cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&t->hostError_), sizeof(IpcError),
-                                        cudaHostAllocMapped);
-    if (e == cudaSuccess) {
-      std::memset(t->hostError_, 0, sizeof(IpcError));
-      cudaHostGetDevicePointer(reinterpret_cast<void**>(&t->deviceError_), t->hostError_, 0);
-    } else {
-      // a host allocation failing here is not a decision the peers can share: fail loudly
-      TORCH_CHECK(false, "[qcomm] IPC: ", cudaWhy("allocating the error word", e));
+  if (mustFail) {
+    if (invalid >= 0) {
+      *mustFail = "rank " + std::to_string(invalid) +
+                  " has an invalid QCOMM_TRANSPORT or QCOMM_IPC_BUFFER_MB (see its error)";
+    } else if (required >= 0 && !why.empty()) {
+      *mustFail = "QCOMM_TRANSPORT=ipc on rank " + std::to_string(required) +
+                  " but CUDA IPC is not possible in this group: " + why;
     }
-    return t;
   }
+  if (why.empty()) return t;
   if (whyNot) *whyNot = why;
   return nullptr;
 }
 
 IpcTransport::~IpcTransport() {
-  // Errors are ignored: at interpreter exit the CUDA context may already be gone.
+  // Errors are ignored: at interpreter exit the CUDA context may already be gone. The last
+  // launch still writes into peers' buffers: wait for it before unmapping them (bounded by the
+  // kernel's spin time-out if a peer died).
+  int current = -1;
+  const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_;
+  if (restore) cudaSetDevice(device_);
+  if (lastEnd_) {
+    cudaEventSynchronize(lastEnd_);
+    cudaEventDestroy(lastEnd_);
+  }
   for (int r = 0; r < world_ && r < kIpcMaxRanks; ++r) {
     if (opened_[r]) cudaIpcCloseMemHandle(peers_[r]);
   }
   if (own_) cudaFree(own_);
   if (hostError_) cudaFreeHost(hostError_);
+  if (restore) cudaSetDevice(current);
   cudaGetLastError();
 }
 
@@ -188,9 +277,22 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
     const long long ms = std::atoll(v);
     if (ms > 0 && ms * 1000000 < a.timeoutNs) a.timeoutNs = ms * 1000000;
   }
+  TORCH_CHECK(broken_.empty(), rankPrefix(rank_, world_), broken_);
   const cudaError_t e = gpu::ipcTwoStep(a, stream);
-  TORCH_CHECK(e == cudaSuccess, rankPrefix(rank_, world_),
-              "allreduce: launching the CUDA-IPC two_step: ", cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    // some pieces may have been enqueued and the epoch not advanced: this rank's epochs no longer
+    // match its peers', so the group's CUDA allreduces are over
+    broken_ = std::string("allreduce: launching the CUDA-IPC two_step failed (") +
+              cudaGetErrorString(e) +
+              "). This group's CUDA allreduces cannot continue: destroy it and create a new one.";
+    TORCH_CHECK(false, rankPrefix(rank_, world_), broken_);
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+      capture == cudaStreamCaptureStatusNone) {
+    cudaEventRecord(lastEnd_, stream);  // eager launches only: teardown waits for the last one
+  }
+  cudaGetLastError();
   // bytes written into peers' buffers: every other chunk's tiles once (reduce), own tiles to
   // every peer (gather, whole 16-byte vectors)
   int64_t wire = 0;
@@ -206,6 +308,7 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
 }
 
 void IpcTransport::checkError(const std::string& prefix) const {
+  TORCH_CHECK(broken_.empty(), prefix, broken_);
   if (!hostError_) return;
   const volatile IpcError* v = hostError_;  // written by the device; read without a sync
   if (v->code == 0) return;

@@ -20,12 +20,16 @@ namespace qcomm {
 
 class IpcTransport {
  public:
-  // Collective over the store (every rank of the group calls it once, with the same bufferBytes):
-  // decides whether every rank can map every peer's buffer (same host; each peer's GPU is this
-  // rank's GPU or reachable with peer access) and, if so, maps them. Returns null with `whyNot`
-  // set when IPC is not possible; the verdict is the same on every rank.
+  // Collective over the store (every rank of the group calls it once, at its first quantized
+  // CUDA allreduce, whatever its QCOMM_TRANSPORT `mode`): decides whether every rank can map every
+  // peer's buffer (same host; each peer's GPU is this rank's GPU or reachable with peer access;
+  // every rank's mode allows IPC and its buffer size is the same) and, if so, maps them. Returns
+  // null with `whyNot` set when IPC is not possible; the verdict is the same on every rank. So is
+  // *mustFail, set when every rank must raise instead of falling back to NCCL: some rank's mode is
+  // "ipc" and IPC is not possible, or some rank's settings are invalid (mode "invalid").
   static std::unique_ptr<IpcTransport> create(c10d::Store& store, int rank, int world, int device,
-                                              int64_t bufferBytes, std::string* whyNot);
+                                              int64_t bufferBytes, const std::string& mode,
+                                              std::string* whyNot, std::string* mustFail);
   ~IpcTransport();
   IpcTransport(const IpcTransport&) = delete;
   IpcTransport& operator=(const IpcTransport&) = delete;
@@ -34,8 +38,9 @@ class IpcTransport {
   // `stream`. Returns the bytes this rank writes into peers' buffers.
   int64_t run(const Plan& plan, at::Tensor& data, cudaStream_t stream,
               std::chrono::milliseconds timeout);
-  // Throws, naming rank, step, peer and tile, if a kernel of this transport gave up. Reads
-  // host-mapped memory: never synchronizes.
+  // Throws, naming rank, step, peer and tile, if a kernel of this transport gave up, or if a
+  // launch failed part-way (the epochs can no longer agree). Reads host-mapped memory: never
+  // synchronizes.
   void checkError(const std::string& prefix) const;
   int64_t bufferBytes() const { return bufferBytes_; }
 
@@ -48,6 +53,8 @@ class IpcTransport {
   bool opened_[kIpcMaxRanks] = {};     // mapped through cudaIpcOpenMemHandle (to close)
   IpcError* hostError_ = nullptr;
   IpcError* deviceError_ = nullptr;
+  cudaEvent_t lastEnd_ = nullptr;  // after the last eager launch: teardown waits for it
+  std::string broken_;             // a launch failed part-way: every later call raises this
 };
 
 }  // namespace qcomm

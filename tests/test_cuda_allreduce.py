@@ -337,6 +337,88 @@ def test_ipc_streams_work_and_errors():
     assert not flat, "\n".join(flat)
 
 
+def _ordering_worker(rank, world):
+    # IPC calls share the group's buffers and device epoch, so they must not overlap, whatever
+    # streams their callers are on: an async call still outstanding while a sync call runs, and
+    # sync calls issued under two different streams, all give the reference's bits.
+    torch.cuda.set_device(0)
+    qcomm.set_config(_two_step(8, 8))
+    problems = []
+    n = 300001
+    ins = [_inputs(world, n, torch.float32, 600 + i) for i in range(4)]
+    want = [ref.allreduce(xs, "two_step", 8, 8).out for xs in ins]
+    a, b = ins[0][rank].cuda(), ins[1][rank].cuda()
+    work = dist.all_reduce(a, async_op=True)
+    dist.all_reduce(b)
+    work.wait()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    c, d = ins[2][rank].cuda(), ins[3][rank].cuda()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s1):
+        dist.all_reduce(c)
+    with torch.cuda.stream(s2):
+        dist.all_reduce(d)
+    torch.cuda.synchronize()
+    for name, got, w in [("async", a, want[0]), ("sync", b, want[1]), ("s1", c, want[2])]:
+        if not _same_bits(got.cpu(), w):
+            problems.append(f"{name}: differs from the reference")
+    if not _same_bits(d.cpu(), want[3]):
+        problems.append("s2: differs from the reference")
+    return problems
+
+
+@gpu
+def test_ipc_calls_on_different_streams_do_not_overlap():
+    problems = run_ranks(_ordering_worker, 2, timeout=300, env=ENV)
+    flat = sorted(set(p for ps in problems for p in ps))
+    assert not flat, "\n".join(flat)
+
+
+def _setup_worker(rank, world, settings):
+    # per-rank transport settings, read at the group's first quantized CUDA allreduce; returns
+    # what each rank raised (or "" when nothing) and the transport it reports
+    torch.cuda.set_device(0)
+    for k, v in settings[rank].items():
+        os.environ[k] = v
+    qcomm.set_config(_two_step(8, 8))
+    x = torch.ones(4096, device="cuda")
+    raised = ""
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 (what each rank raised is the result)
+        raised = f"{type(e).__name__}: {e}"
+    return {"raised": raised, **qcomm.cuda_transport()}
+
+
+@gpu
+def test_ipc_setup_agrees_on_settings_or_fails_on_every_rank():
+    # different buffer sizes: the tiling would differ, so IPC is refused on every rank, naming it
+    got = run_ranks(
+        _setup_worker,
+        2,
+        [{"QCOMM_IPC_BUFFER_MB": "1"}, {"QCOMM_IPC_BUFFER_MB": "2"}],
+        timeout=180,
+        env=ENV,
+    )
+    for g in got:
+        assert g["transport"] == "nccl" and "QCOMM_IPC_BUFFER_MB differs" in g["note"], got
+    # IPC required on one rank and impossible: every rank raises (no rank waits for the other)
+    got = run_ranks(
+        _setup_worker,
+        2,
+        [{"QCOMM_TRANSPORT": "ipc", "QCOMM_IPC_BUFFER_MB": "1"}, {"QCOMM_IPC_BUFFER_MB": "2"}],
+        timeout=180,
+        env=ENV,
+    )
+    for g in got:
+        assert "QCOMM_TRANSPORT=ipc on rank 0" in g["raised"], got
+    # an invalid setting on one rank: it raises a ValueError naming it, the other raises too
+    got = run_ranks(_setup_worker, 2, [{}, {"QCOMM_IPC_BUFFER_MB": "lots"}], timeout=180, env=ENV)
+    assert "ValueError" in got[1]["raised"] and "QCOMM_IPC_BUFFER_MB" in got[1]["raised"], got
+    assert "rank 1 has an invalid" in got[0]["raised"], got
+
+
 def _graph_worker(rank, world, replays):
     torch.cuda.set_device(0)
     cfg = qcomm.QuantConfig(rs_bits=8, ag_bits=8, min_bytes=0)

@@ -336,6 +336,9 @@ cudaError_t launchPieces(const IpcTwoStepArgs& a, cudaStream_t stream) {
 
 cudaError_t ipcTwoStep(const IpcTwoStepArgs& a, cudaStream_t stream) {
   if (a.numel == 0 || a.geometry.pieces == 0) return cudaSuccess;
+  // an error left pending by earlier, unrelated work must not pass for a failure of these
+  // launches (which would stop before the epoch advance)
+  (void)cudaGetLastError();
   switch (a.dtype) {
     case kFloat32:
       return launchPieces<float>(a, stream);
