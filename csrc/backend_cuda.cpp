@@ -185,6 +185,11 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   int64_t wire = 0;
   {
     c10::cuda::CUDAStreamGuard onRun(run);
+    if (onSide) {
+      // the caller's tensor is used on the side stream: keep its memory from being reused before
+      // (recorded before the launch, so that a launch failing part-way is covered too)
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), run);
+    }
     at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
     if (useIpc) {
       wire = ipc->run(plan, buf, run.stream(), timeout);
@@ -192,10 +197,6 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
       wire = runCollectiveCuda(plan, *nccl_, getRank(), buf, run, timeout);
     }
     if (!buf.is_same(t)) t.copy_(buf);
-  }
-  if (onSide) {
-    // the caller's tensor is used on the side stream: keep its memory from being reused before
-    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), run);
   }
   auto done = std::make_shared<at::cuda::CUDAEvent>();
   done->record(run);

@@ -3,6 +3,7 @@
 
 #include "cuda_ipc.h"
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 #include <unistd.h>
 
@@ -80,6 +81,17 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
                                                    int device, int64_t bufferBytes,
                                                    const std::string& mode, std::string* whyNot,
                                                    std::string* mustFail) {
+  c10::cuda::CUDAGuard guard(device);  // every allocation and mapping below is on `device`
+  if (world > kIpcMaxRanks) {
+    // known on every rank without asking: no store rounds (they cost world^2 reads)
+    const std::string why = "more than " + std::to_string(kIpcMaxRanks) + " ranks";
+    if (mustFail && (mode == "ipc" || mode == "invalid")) {
+      *mustFail = mode == "ipc" ? "QCOMM_TRANSPORT=ipc but CUDA IPC is not possible: " + why
+                                : "QCOMM_TRANSPORT or QCOMM_IPC_BUFFER_MB is invalid";
+    }
+    if (whyNot) *whyNot = why;
+    return nullptr;
+  }
   std::unique_ptr<IpcTransport> t(new IpcTransport());
   t->rank_ = rank;
   t->world_ = world;
@@ -102,9 +114,6 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   }
   if (mode == "nccl") local = "its QCOMM_TRANSPORT is nccl";
   if (mode == "invalid") local = "its QCOMM_TRANSPORT or QCOMM_IPC_BUFFER_MB is invalid";
-  if (local.empty() && world > kIpcMaxRanks) {
-    local = "more than " + std::to_string(kIpcMaxRanks) + " ranks";
-  }
   if (local.empty()) {
     // every resource this rank needs, before the first round: a failure is a verdict the peers
     // share, never an exception after they have agreed
@@ -277,20 +286,26 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
     const long long ms = std::atoll(v);
     if (ms > 0 && ms * 1000000 < a.timeoutNs) a.timeoutNs = ms * 1000000;
   }
-  TORCH_CHECK(broken_.empty(), rankPrefix(rank_, world_), broken_);
-  const cudaError_t e = gpu::ipcTwoStep(a, stream);
-  if (e != cudaSuccess) {
-    // some pieces may have been enqueued and the epoch not advanced: this rank's epochs no longer
-    // match its peers', so the group's CUDA allreduces are over
-    broken_ = std::string("allreduce: launching the CUDA-IPC two_step failed (") +
-              cudaGetErrorString(e) +
-              "). This group's CUDA allreduces cannot continue: destroy it and create a new one.";
-    TORCH_CHECK(false, rankPrefix(rank_, world_), broken_);
-  }
+  checkError(rankPrefix(rank_, world_));
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
-      capture == cudaStreamCaptureStatusNone) {
-    cudaEventRecord(lastEnd_, stream);  // eager launches only: teardown waits for the last one
+  const bool eager = cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+                     capture == cudaStreamCaptureStatusNone;
+  const cudaError_t e = gpu::ipcTwoStep(a, stream);
+  // eager launches only: teardown waits for the last one (pieces enqueued before a failure too)
+  if (eager) cudaEventRecord(lastEnd_, stream);
+  if (e != cudaSuccess) {
+    const std::string msg =
+        std::string("allreduce: launching the CUDA-IPC two_step failed (") + cudaGetErrorString(e) +
+        ")" +
+        (eager ? ". This group's CUDA allreduces cannot continue: destroy it and create a new one."
+               : " during CUDA graph capture.");
+    if (eager) {
+      // some pieces may have been enqueued and the epoch not advanced: this rank's epochs no
+      // longer match its peers'. (A failed capture enqueued nothing: the eager epochs still hold.)
+      std::lock_guard<std::mutex> lock(brokenMutex_);
+      broken_ = msg;
+    }
+    TORCH_CHECK(false, rankPrefix(rank_, world_), msg);
   }
   cudaGetLastError();
   // bytes written into peers' buffers: every other chunk's tiles once (reduce), own tiles to
@@ -308,7 +323,10 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
 }
 
 void IpcTransport::checkError(const std::string& prefix) const {
-  TORCH_CHECK(broken_.empty(), prefix, broken_);
+  {
+    std::lock_guard<std::mutex> lock(brokenMutex_);
+    TORCH_CHECK(broken_.empty(), prefix, broken_);
+  }
   if (!hostError_) return;
   const volatile IpcError* v = hostError_;  // written by the device; read without a sync
   if (v->code == 0) return;

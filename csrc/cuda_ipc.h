@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -53,8 +54,9 @@ class IpcTransport {
   bool opened_[kIpcMaxRanks] = {};     // mapped through cudaIpcOpenMemHandle (to close)
   IpcError* hostError_ = nullptr;
   IpcError* deviceError_ = nullptr;
-  cudaEvent_t lastEnd_ = nullptr;  // after the last eager launch: teardown waits for it
-  std::string broken_;             // a launch failed part-way: every later call raises this
+  cudaEvent_t lastEnd_ = nullptr;   // after the last eager launch: teardown waits for it
+  mutable std::mutex brokenMutex_;  // Works may check from other threads
+  std::string broken_;              // a launch failed part-way: every later call raises this
 };
 
 }  // namespace qcomm
