@@ -182,13 +182,51 @@ struct DeviceExec {
     }
   }
 
+  // Encode a tile of the message with the reduce codec into dst (often a peer's buffer). Whole
+  // slabs of 1024 elements go through the codec kernels' slab encoder (16-byte loads, codes
+  // stored 4 or 8 bytes per lane, so a warp writes 128 or 256 contiguous bytes at once); the
+  // rest, or everything when pointers are misaligned, group by group, one warp per group.
   __device__ void encodeReduce(Tile tile, uint8_t* dst) const {
-    const T* x = static_cast<const T*>(a.data);
+    constexpr int kVec = 16 / int(sizeof(T));
+    const T* x = static_cast<const T*>(a.data) + tile.begin;
     const Noise noise{a.rsNoise.salt, tile.begin, a.rsNoise.on};
     const int64_t groups = numGroups(tile.len, a.rs);
-    for (int64_t gi = threadIdx.x / kWarp; gi < groups; gi += kWarps) {
-      const T* g = x + tile.begin + gi * a.rs.groupSize;
+    const int warp = threadIdx.x / kWarp;
+    int64_t slabs = 0;
+    if (a.rs.bits != 0 && slabGroupSize(a.rs.groupSize, kVec) && aligned(x, 16) &&
+        aligned(dst + dataOffset(tile.len, a.rs), kVec * a.rs.bits / 8)) {
+      slabs = tile.len / kSlab;
+      const SlabTarget t{reinterpret_cast<float*>(dst), dst + dataOffset(tile.len, a.rs), groups,
+                         __ffs(a.rs.groupSize) - 1};
+      for (int64_t sl = warp; sl < slabs; sl += kWarps) encodeSlabOf(x, sl * kSlab, t, noise);
+    }
+    for (int64_t gi = slabs * kSlab / a.rs.groupSize + warp; gi < groups; gi += kWarps) {
+      const T* g = x + gi * a.rs.groupSize;
       encodeGroup(a.rs, tile.len, gi, dst, noise, [&](int k) { return toFloat(g[k]); });
+    }
+  }
+
+  // One slab, elements base..base+kSlab-1 of x: loaded as tile_codec.cuh lays them out, encoded
+  // with the reduce codec.
+  __device__ void encodeSlabOf(const T* x, int64_t base, const SlabTarget& t,
+                               const Noise& noise) const {
+    constexpr int kVec = 16 / int(sizeof(T));
+    constexpr int kTile = kWarp * kVec;
+    constexpr int kU = kSlab / kTile;
+    const int lane = threadIdx.x % kWarp;
+    float v[kU][kVec];
+#pragma unroll
+    for (int j = 0; j < kU; ++j) loadFloats(x + base + j * kTile + lane * kVec, v[j]);
+    if (a.rs.bits == 8) {
+      if (a.rs.symmetric)
+        encodeSlab<8, true, kVec>(v, base, t, noise);
+      else
+        encodeSlab<8, false, kVec>(v, base, t, noise);
+    } else {
+      if (a.rs.symmetric)
+        encodeSlab<4, true, kVec>(v, base, t, noise);
+      else
+        encodeSlab<4, false, kVec>(v, base, t, noise);
     }
   }
 
