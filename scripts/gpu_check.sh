@@ -2,7 +2,8 @@
 # The GPU check: one call on a GPU machine (the device tool), under 8 minutes. Builds the CUDA
 # extension, runs the GPU tests (CUDA codec kernels bit for bit against the CPU codec; the fused
 # CUDA-IPC two_step with 2 and 4 ranks sharing the one GPU, bit for bit against the reference,
-# streams and Work, a CUDA graph replayed 100 times; the NCCL transport at world size 1),
+# streams and Work, a CUDA graph replayed 100 times, calls on different streams, the set-up's
+# agreement on settings; the NCCL transport at world size 1),
 # benchmarks the codec kernels against device-to-device copy and the fused two_step's cost per
 # byte, runs the cost model on what it measured, and writes logs and CSV under $OUT (default
 # out/gpu_check). Uses the machine's python with torch preinstalled (no network there); prints a
@@ -122,12 +123,16 @@ fi
 step "tests: the NCCL transport at world size 1"
 run_step 120 "$OUT/tests.log" "${PYTEST[@]}" -m cuda tests/test_collective_algos.py
 
+EXTRA="setup_agrees or different_streams"  # the set-up's agreement, call ordering: run later
 step "tests: the fused CUDA-IPC two_step, 2 and 4 ranks sharing the GPU"
-run_step 240 "$OUT/tests.log" "${PYTEST[@]}" -m cuda tests/test_cuda_allreduce.py
+run_step 240 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "not ($EXTRA)" tests/test_cuda_allreduce.py
 
 step "fused CUDA-IPC two_step, 2 ranks as threads on the one GPU"
 run_step 90 "$OUT/fused.txt" "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
   --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
+
+step "tests: IPC set-up agreement across ranks, calls on different streams"
+run_step 120 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "$EXTRA" tests/test_cuda_allreduce.py
 
 step "fused CUDA-IPC two_step, 4 ranks as threads on the one GPU (printed, not fed to the model)"
 run_step 60 "$OUT/fused.txt" "$PY" benchmarks/ipc_two_step_bench.py --world 4 --sizes-mib 64
