@@ -163,11 +163,14 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   std::function<void()> check = [ipc, pre]() {
     if (ipc) ipc->checkError(pre);
   };
-  check();  // an earlier call's kernel gave up: say so before enqueuing more
   const auto timeout = callTimeout(opts);
   plan.callSeq = callSeq_++;
   Transport control(gloo_.get(), getRank(), getSize(), timeout);
   agreeOnPlan(plan, control);  // host-side, over Gloo: nothing waits for the device
+  // an earlier call's kernel gave up: say so before enqueuing more. After the agreement, so that
+  // a peer whose kernels ended cleanly is not left waiting in it: it enqueues, and its kernel
+  // stops at once on the abort word the failed rank set in every buffer.
+  check();
   const bool useIpc = ipc && plan.algorithm == kTwoStep;
   TORCH_CHECK(useIpc || nccl_, prefix(), "allreduce: no NCCL backend for the ",
               algoName(plan.algorithm), " algorithm (CUDA IPC runs two_step only)");
