@@ -7,9 +7,11 @@
 #include <c10/util/Exception.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "algorithms.h"
@@ -254,21 +256,59 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
 
 IpcTransport::~IpcTransport() {
   // Errors are ignored: at interpreter exit the CUDA context may already be gone. The last
-  // launch still writes into peers' buffers: wait for it before unmapping them (bounded by the
-  // kernel's spin time-out if a peer died).
+  // launch may still write into peers' buffers: wait for it before unmapping them. A kernel still
+  // spinning on a dead peer would hold teardown for its whole bound (the group's timeout): after
+  // kTeardownWait, tell every rank's kernel to stop (the abort word) and wait once more; if it
+  // still runs, leave the mappings and memory in place rather than pull them from under it.
+  constexpr auto kTeardownWait = std::chrono::seconds(10);
   int current = -1;
   const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_;
   if (restore) cudaSetDevice(device_);
+  bool idle = true;
   if (lastEnd_) {
-    cudaEventSynchronize(lastEnd_);
-    cudaEventDestroy(lastEnd_);
+    idle = waitEvent(lastEnd_, kTeardownWait);
+    if (!idle) {
+      abortPeers();
+      idle = waitEvent(lastEnd_, kTeardownWait);
+    }
+    if (idle) cudaEventDestroy(lastEnd_);
   }
-  for (int r = 0; r < world_ && r < kIpcMaxRanks; ++r) {
-    if (opened_[r]) cudaIpcCloseMemHandle(peers_[r]);
+  if (idle) {
+    for (int r = 0; r < world_ && r < kIpcMaxRanks; ++r) {
+      if (opened_[r]) cudaIpcCloseMemHandle(peers_[r]);
+    }
+    if (own_) cudaFree(own_);
+    if (hostError_) cudaFreeHost(hostError_);
+  } else {
+    std::fprintf(stderr,
+                 "%s[qcomm] CUDA-IPC teardown: this rank's last two_step is still running after "
+                 "%lld s; its buffers are left mapped (a peer may have died)\n",
+                 rankPrefix(rank_, world_).c_str(), (long long)(2 * kTeardownWait.count()));
   }
-  if (own_) cudaFree(own_);
-  if (hostError_) cudaFreeHost(hostError_);
   if (restore) cudaSetDevice(current);
+  cudaGetLastError();
+}
+
+bool IpcTransport::waitEvent(cudaEvent_t event, std::chrono::seconds bound) {
+  const auto end = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    const cudaError_t e = cudaEventQuery(event);
+    if (e != cudaErrorNotReady) return true;  // done, or the context is gone: nothing runs
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void IpcTransport::abortPeers() {
+  // any nonzero abort word stops a kernel's spins (memset writes 0x01010101). On a non-blocking
+  // stream of its own: any other stream may be queued behind the very kernel this is to stop.
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
+    for (int r = 0; r < world_ && r < kIpcMaxRanks; ++r) {
+      if (peers_[r] != nullptr) cudaMemsetAsync(peers_[r] + kIpcAbortOffset, 1, 4, s);
+    }
+    cudaStreamDestroy(s);  // returns at once; the memsets still run
+  }
   cudaGetLastError();
 }
 
@@ -302,6 +342,8 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
     if (eager) {
       // some pieces may have been enqueued and the epoch not advanced: this rank's epochs no
       // longer match its peers'. (A failed capture enqueued nothing: the eager epochs still hold.)
+      // Stop every rank's kernels now rather than at their time-out.
+      abortPeers();
       std::lock_guard<std::mutex> lock(brokenMutex_);
       broken_ = msg;
     }

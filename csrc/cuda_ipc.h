@@ -47,6 +47,10 @@ class IpcTransport {
 
  private:
   IpcTransport() = default;
+  // True when `event` completed (or can no longer be waited for) within `bound`.
+  static bool waitEvent(cudaEvent_t event, std::chrono::seconds bound);
+  // Set every rank's abort word (its kernels stop spinning and record that a peer gave up).
+  void abortPeers();
   int rank_ = 0, world_ = 0, device_ = 0, smCount_ = 0;
   int64_t bufferBytes_ = 0;
   uint8_t* own_ = nullptr;
