@@ -33,18 +33,6 @@ __device__ __forceinline__ int64_t warpsInGrid() {
   return int64_t(gridDim.x) * (blockDim.x / kWarp);
 }
 
-// The scalar path of one group: warp reductions, then each lane quantizes elements lane,
-// lane + 32, ... (reads `value` twice).
-template <int kBits, bool kSym, class F>
-__device__ __forceinline__ void encodeGroupWarp(uint8_t* block, int64_t n, const CodecSpec& c,
-                                                int64_t g, const Noise& noise, F value) {
-  const int64_t begin = g * c.groupSize;
-  const int len = groupLength(n, c, g);
-  const GroupParams p = warpGroupParams<kSym>(len, kBits, value);
-  if (threadIdx.x % kWarp == 0) storeParams(block, n, c, g, p);
-  warpQuantize<kBits, kSym>(p, begin, len, block + dataOffset(n, c), noise, value);
-}
-
 template <class T, int kBits, bool kSym>
 __global__ void __launch_bounds__(kBlock, 2)
     encodeKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise) {
@@ -261,18 +249,10 @@ void launch(int64_t blocksNeeded, cudaStream_t s, Args... args) {
 template <class T>
 void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const Noise& noise,
                   cudaStream_t s) {
-  const int64_t blocks = slabBlocks(n);
-  if (c.bits == 8) {
-    if (c.symmetric)
-      launch<encodeKernel<T, 8, true>>(blocks, s, x, n, c, dst, noise);
-    else
-      launch<encodeKernel<T, 8, false>>(blocks, s, x, n, c, dst, noise);
-  } else {
-    if (c.symmetric)
-      launch<encodeKernel<T, 4, true>>(blocks, s, x, n, c, dst, noise);
-    else
-      launch<encodeKernel<T, 4, false>>(blocks, s, x, n, c, dst, noise);
-  }
+  withCodec(c, [&](auto k) {
+    using K = decltype(k);
+    launch<encodeKernel<T, K::bits, K::sym>>(slabBlocks(n), s, x, n, c, dst, noise);
+  });
 }
 
 template <class T>
@@ -291,42 +271,17 @@ void launchRawToFloat(const T* x, int64_t n, float* out, bool accumulate, cudaSt
   launch<rawToFloatKernel<T>>(elementBlocks(n, 1), s, x, n, out, accumulate);
 }
 
-template <class T, int kInBits, bool kInSym>
-void launchHopOut(const uint8_t* src, const CodecSpec& in, const T* local, int64_t n,
-                  float* partial, const CodecSpec& out, uint8_t* dst, const Noise& noise,
-                  cudaStream_t s) {
-  const int64_t blocks = slabBlocks(n);
-  if (out.bits == 8) {
-    if (out.symmetric)
-      launch<hopKernel<T, kInBits, kInSym, 8, true>>(blocks, s, src, in, local, n, partial, out,
-                                                     dst, noise);
-    else
-      launch<hopKernel<T, kInBits, kInSym, 8, false>>(blocks, s, src, in, local, n, partial, out,
-                                                      dst, noise);
-  } else {
-    if (out.symmetric)
-      launch<hopKernel<T, kInBits, kInSym, 4, true>>(blocks, s, src, in, local, n, partial, out,
-                                                     dst, noise);
-    else
-      launch<hopKernel<T, kInBits, kInSym, 4, false>>(blocks, s, src, in, local, n, partial, out,
-                                                      dst, noise);
-  }
-}
-
 template <class T>
 void launchHop(const uint8_t* src, const CodecSpec& in, const T* local, int64_t n, float* partial,
                const CodecSpec& out, uint8_t* dst, const Noise& noise, cudaStream_t s) {
-  if (in.bits == 8) {
-    if (in.symmetric)
-      launchHopOut<T, 8, true>(src, in, local, n, partial, out, dst, noise, s);
-    else
-      launchHopOut<T, 8, false>(src, in, local, n, partial, out, dst, noise, s);
-  } else {
-    if (in.symmetric)
-      launchHopOut<T, 4, true>(src, in, local, n, partial, out, dst, noise, s);
-    else
-      launchHopOut<T, 4, false>(src, in, local, n, partial, out, dst, noise, s);
-  }
+  withCodec(in, [&](auto ki) {
+    withCodec(out, [&](auto ko) {
+      using I = decltype(ki);
+      using O = decltype(ko);
+      launch<hopKernel<T, I::bits, I::sym, O::bits, O::sym>>(slabBlocks(n), s, src, in, local, n,
+                                                             partial, out, dst, noise);
+    });
+  });
 }
 
 }  // namespace
@@ -372,18 +327,11 @@ cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out
       launchRawToFloat(reinterpret_cast<const bf16_t*>(src), n, out, accumulate, stream);
     return cudaGetLastError();
   }
-  const int64_t blocks = elementBlocks(n, 4 * kDecodeUnroll);
-  if (c.bits == 8) {
-    if (c.symmetric)
-      launch<decodeKernel<8, true>>(blocks, stream, src, n, c, out, accumulate);
-    else
-      launch<decodeKernel<8, false>>(blocks, stream, src, n, c, out, accumulate);
-  } else {
-    if (c.symmetric)
-      launch<decodeKernel<4, true>>(blocks, stream, src, n, c, out, accumulate);
-    else
-      launch<decodeKernel<4, false>>(blocks, stream, src, n, c, out, accumulate);
-  }
+  withCodec(c, [&](auto k) {
+    using K = decltype(k);
+    launch<decodeKernel<K::bits, K::sym>>(elementBlocks(n, 4 * kDecodeUnroll), stream, src, n, c,
+                                          out, accumulate);
+  });
   return cudaGetLastError();
 }
 

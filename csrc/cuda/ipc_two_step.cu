@@ -81,18 +81,9 @@ __device__ __forceinline__ void rawStore(uint8_t* dst, int32_t dtype, int64_t i,
 __device__ __forceinline__ float decodeElem(const uint8_t* block, int64_t n, const CodecSpec& c,
                                             int64_t e) {
   if (c.bits == 0) return rawLoad(block, c.rawDtype, e);
-  if (c.bits == 8) {
-    return c.symmetric ? decodeAt<8, true>(block, n, c, e) : decodeAt<8, false>(block, n, c, e);
-  }
-  return c.symmetric ? decodeAt<4, true>(block, n, c, e) : decodeAt<4, false>(block, n, c, e);
-}
-
-template <int kBits, bool kSym, class F>
-__device__ void encodeGroupWarp(const CodecSpec& c, int64_t n, int64_t gi, int glen, uint8_t* block,
-                                const Noise& noise, F value) {
-  const GroupParams p = warpGroupParams<kSym>(glen, kBits, value);
-  if (threadIdx.x % kWarp == 0) storeParams(block, n, c, gi, p);
-  warpQuantize<kBits, kSym>(p, gi * c.groupSize, glen, block + dataOffset(n, c), noise, value);
+  float v = 0.0f;
+  withCodec(c, [&](auto k) { v = decodeAt<decltype(k)::bits, decltype(k)::sym>(block, n, c, e); });
+  return v;
 }
 
 // One warp encodes group gi of an n-element block whose values come from value(k), k in the
@@ -100,23 +91,17 @@ __device__ void encodeGroupWarp(const CodecSpec& c, int64_t n, int64_t gi, int g
 template <class F>
 __device__ void encodeGroup(const CodecSpec& c, int64_t n, int64_t gi, uint8_t* block,
                             const Noise& noise, F value) {
-  const int glen = groupLength(n, c, gi);
   if (c.bits == 0) {
+    const int glen = groupLength(n, c, gi);
     const int64_t begin = gi * c.groupSize;
     for (int k = threadIdx.x % kWarp; k < glen; k += kWarp) {
       rawStore(block, c.rawDtype, begin + k, value(k));
     }
-  } else if (c.bits == 8) {
-    if (c.symmetric)
-      encodeGroupWarp<8, true>(c, n, gi, glen, block, noise, value);
-    else
-      encodeGroupWarp<8, false>(c, n, gi, glen, block, noise, value);
-  } else {
-    if (c.symmetric)
-      encodeGroupWarp<4, true>(c, n, gi, glen, block, noise, value);
-    else
-      encodeGroupWarp<4, false>(c, n, gi, glen, block, noise, value);
+    return;
   }
+  withCodec(c, [&](auto k) {
+    encodeGroupWarp<decltype(k)::bits, decltype(k)::sym>(block, n, c, gi, noise, value);
+  });
 }
 
 // The protocol's executor on the GPU: one block, its warps encode groups, thread 0 spins.
@@ -217,17 +202,9 @@ struct DeviceExec {
     float v[kU][kVec];
 #pragma unroll
     for (int j = 0; j < kU; ++j) loadFloats(x + base + j * kTile + lane * kVec, v[j]);
-    if (a.rs.bits == 8) {
-      if (a.rs.symmetric)
-        encodeSlab<8, true, kVec>(v, base, t, noise);
-      else
-        encodeSlab<8, false, kVec>(v, base, t, noise);
-    } else {
-      if (a.rs.symmetric)
-        encodeSlab<4, true, kVec>(v, base, t, noise);
-      else
-        encodeSlab<4, false, kVec>(v, base, t, noise);
-    }
+    withCodec(a.rs, [&](auto k) {
+      encodeSlab<decltype(k)::bits, decltype(k)::sym, kVec>(v, base, t, noise);
+    });
   }
 
   // Decode the W reduce copies of slot s, sum them in rank order (fp32; AVG divides by W),
@@ -272,30 +249,16 @@ struct DeviceExec {
   // (an encoded block of n elements with the reduce codec); lane l takes k = l, l + 32, ...
   __device__ void addCopy(const uint8_t* block, int64_t n, int64_t gi, int glen, float* mine,
                           bool first) const {
-    if (a.rs.bits == 8) {
-      if (a.rs.symmetric)
-        addCopyT<8, true>(block, n, gi, glen, mine, first);
-      else
-        addCopyT<8, false>(block, n, gi, glen, mine, first);
-    } else {
-      if (a.rs.symmetric)
-        addCopyT<4, true>(block, n, gi, glen, mine, first);
-      else
-        addCopyT<4, false>(block, n, gi, glen, mine, first);
-    }
-  }
-
-  template <int kBits, bool kSym>
-  __device__ void addCopyT(const uint8_t* block, int64_t n, int64_t gi, int glen, float* mine,
-                           bool first) const {
     const GroupParams p = loadParams(block, n, a.rs, gi);
-    const uint8_t* data =
-        block + dataOffset(n, a.rs) + (kBits == 8 ? gi * a.rs.groupSize : gi * a.rs.groupSize / 2);
-    for (int k = threadIdx.x % kWarp; k < glen; k += kWarp) {
-      const uint32_t code = kBits == 8 ? data[k] : (uint32_t(data[k >> 1]) >> ((k & 1) * 4)) & 0xfu;
-      const float v = dequantizeOne<kBits, kSym>(code, p);
-      mine[k] = first ? v : mine[k] + v;
-    }
+    const uint8_t* data = block + dataOffset(n, a.rs);
+    const int64_t begin = gi * a.rs.groupSize;
+    withCodec(a.rs, [&](auto kc) {
+      using K = decltype(kc);
+      for (int k = threadIdx.x % kWarp; k < glen; k += kWarp) {
+        const float v = dequantizeOne<K::bits, K::sym>(codeAt<K::bits>(data, begin + k), p);
+        mine[k] = first ? v : mine[k] + v;
+      }
+    });
   }
 
   __device__ void copy16(uint8_t* dst, const uint8_t* src, int64_t vectors) const {
@@ -307,36 +270,24 @@ struct DeviceExec {
   // The output elements of a tile from its gather bytes (an encoded block of tile.len elements),
   // one element per thread and step; the block's layout is computed once, not per element.
   __device__ void decodeOut(const uint8_t* src, Tile tile) const {
+    T* x = static_cast<T*>(a.data) + tile.begin;
     if (a.ag.bits == 0) {
-      T* x = static_cast<T*>(a.data) + tile.begin;
       for (int64_t e = threadIdx.x; e < tile.len; e += blockDim.x) {
         x[e] = fromFloat<T>(rawLoad(src, a.ag.rawDtype, e));
       }
-    } else if (a.ag.bits == 8) {
-      if (a.ag.symmetric)
-        decodeOutT<8, true>(src, tile);
-      else
-        decodeOutT<8, false>(src, tile);
-    } else {
-      if (a.ag.symmetric)
-        decodeOutT<4, true>(src, tile);
-      else
-        decodeOutT<4, false>(src, tile);
+      return;
     }
-  }
-
-  template <int kBits, bool kSym>
-  __device__ void decodeOutT(const uint8_t* src, Tile tile) const {
-    T* x = static_cast<T*>(a.data) + tile.begin;
     const float* meta = reinterpret_cast<const float*>(src);
     const int64_t groups = numGroups(tile.len, a.ag);
     const uint8_t* data = src + dataOffset(tile.len, a.ag);
     const int shift = __ffs(a.ag.groupSize) - 1;  // group sizes are powers of two
-    for (int64_t e = threadIdx.x; e < tile.len; e += blockDim.x) {
-      const GroupParams p = loadParamsAt<kSym>(meta, groups, e >> shift);
-      const uint32_t code = kBits == 8 ? data[e] : (uint32_t(data[e >> 1]) >> ((e & 1) * 4)) & 0xfu;
-      x[e] = fromFloat<T>(dequantizeOne<kBits, kSym>(code, p));
-    }
+    withCodec(a.ag, [&](auto k) {
+      using K = decltype(k);
+      for (int64_t e = threadIdx.x; e < tile.len; e += blockDim.x) {
+        const GroupParams p = loadParamsAt<K::sym>(meta, groups, e >> shift);
+        x[e] = fromFloat<T>(dequantizeOne<K::bits, K::sym>(codeAt<K::bits>(data, e), p));
+      }
+    });
   }
 };
 

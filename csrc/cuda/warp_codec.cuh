@@ -85,13 +85,53 @@ __device__ void warpQuantize(const GroupParams& p, int64_t begin, int len, uint8
   }
 }
 
+// The code of element e of a data section (4-bit: even elements in the low nibble).
+template <int kBits>
+__device__ __forceinline__ uint32_t codeAt(const uint8_t* data, int64_t e) {
+  return kBits == 8 ? data[e] : (uint32_t(data[e >> 1]) >> ((e & 1) * 4)) & 0xfu;
+}
+
 template <int kBits, bool kSym>
 __device__ __forceinline__ float decodeAt(const uint8_t* block, int64_t n, const CodecSpec& c,
                                           int64_t e) {
   const GroupParams p = loadParams(block, n, c, e / c.groupSize);
-  const uint8_t* data = block + dataOffset(n, c);
-  const uint32_t code = kBits == 8 ? data[e] : (uint32_t(data[e >> 1]) >> ((e & 1) * 4)) & 0xfu;
-  return dequantizeOne<kBits, kSym>(code, p);
+  return dequantizeOne<kBits, kSym>(codeAt<kBits>(block + dataOffset(n, c), e), p);
+}
+
+// One warp encodes group g of the n-element block whose values come from value(k), k in the
+// group: warp reductions, then each lane quantizes elements lane, lane + 32, ...
+template <int kBits, bool kSym, class F>
+__device__ __forceinline__ void encodeGroupWarp(uint8_t* block, int64_t n, const CodecSpec& c,
+                                                int64_t g, const Noise& noise, F value) {
+  const int len = groupLength(n, c, g);
+  const GroupParams p = warpGroupParams<kSym>(len, kBits, value);
+  if (threadIdx.x % kWarp == 0) storeParams(block, n, c, g, p);
+  warpQuantize<kBits, kSym>(p, g * c.groupSize, len, block + dataOffset(n, c), noise, value);
+}
+
+// A quantized codec's compile-time variant.
+template <int kBits, bool kSym>
+struct Codec {
+  static constexpr int bits = kBits;
+  static constexpr bool sym = kSym;
+};
+
+// f(Codec<bits, symmetric>{}) for a quantized spec (bits 4 or 8): the one place where a codec
+// chosen at run time picks its kernel variant, on the host (launches) and on the device.
+#pragma nv_exec_check_disable
+template <class F>
+__host__ __device__ __forceinline__ void withCodec(const CodecSpec& c, F&& f) {
+  if (c.bits == 8) {
+    if (c.symmetric)
+      f(Codec<8, true>{});
+    else
+      f(Codec<8, false>{});
+  } else {
+    if (c.symmetric)
+      f(Codec<4, true>{});
+    else
+      f(Codec<4, false>{});
+  }
 }
 
 }  // namespace gpu
