@@ -5,20 +5,13 @@ import math
 
 import pytest
 import torch
+from checks import same_floats
 
 import qcomm  # noqa: F401
 from qcomm import _C
 from qcomm import reference as ref
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equal, NaNs matching NaNs (payloads may differ)."""
-    na, nb = torch.isnan(a), torch.isnan(b)
-    if not torch.equal(na, nb):
-        return False
-    return torch.equal(a[~na], b[~nb]) and torch.equal(torch.signbit(a[~na]), torch.signbit(b[~nb]))
 
 
 def _roundtrip_cpp(x, bits, g, sym):
@@ -38,7 +31,7 @@ def test_wire_bytes_and_values_match_reference(bits, sym, g, dtype, n):
     assert b.numel() == _C.encoded_bytes(n, bits, g, sym)
     assert torch.equal(b, ref.encode_bytes(x, c))
     y_ref, bound = ref.roundtrip(x, c)
-    assert _same(y, y_ref)
+    assert same_floats(y, y_ref)
     err = (y.double() - x.double()).abs()
     assert bool((err <= bound).all()), f"max err/bound {float((err / bound).max())}"
 
@@ -87,7 +80,7 @@ def test_edge_groups(name, bits, sym):
     b, y = _roundtrip_cpp(x, bits, 32, sym)
     assert torch.equal(b, ref.encode_bytes(x, c))
     y_ref, bound = ref.roundtrip(x, c)
-    assert _same(y, y_ref)
+    assert same_floats(y, y_ref)
     assert bool(torch.isfinite(y).all()), "finite input must decode to finite output"
     assert bool(((y.double() - x.double()).abs() <= bound).all())
     if name in ("zeros", "constant", "negative_constant"):
@@ -117,18 +110,18 @@ def test_wire_size_formula():
 def test_raw_codec_is_a_cast():
     x = torch.randn(1000, generator=torch.Generator().manual_seed(3)) * 1000
     for dt in (torch.bfloat16, torch.float16):
-        assert _same(_C.cast_from_float(x, dt).float(), x.to(dt).float())
+        assert same_floats(_C.cast_from_float(x, dt).float(), x.to(dt).float())
 
 
 def test_half_conversions_match_torch_on_every_fp16_value():
     # every 16-bit pattern as fp16 -> float (exact) and back (identity)
     h = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16)
     f = _C.cast_to_float(h)
-    assert _same(f, h.float())
+    assert same_floats(f, h.float())
     back = _C.cast_from_float(f, torch.float16)
-    assert _same(back.float(), h.float())
+    assert same_floats(back.float(), h.float())
     b = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-    assert _same(_C.cast_to_float(b), b.float())
+    assert same_floats(_C.cast_to_float(b), b.float())
 
 
 def test_float_to_16bit_rounding_matches_torch():
@@ -155,7 +148,7 @@ def test_float_to_16bit_rounding_matches_torch():
     )
     f = torch.cat([f, extra, -extra])
     for dt in (torch.float16, torch.bfloat16):
-        assert _same(_C.cast_from_float(f, dt).float(), f.to(dt).float()), dt
+        assert same_floats(_C.cast_from_float(f, dt).float(), f.to(dt).float()), dt
 
 
 def test_invalid_codec_arguments():

@@ -13,6 +13,7 @@ import itertools
 import pytest
 import torch
 import torch.distributed as dist
+from checks import gpu
 
 import qcomm
 from qcomm import _C
@@ -206,11 +207,7 @@ def test_cpu_codec_ops_hop_matches_reference():
         assert torch.equal(dst, ref.encode_bytes(want, cout, noise)), (ib, ob, dtype, sym, sr)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(
-    not (torch.cuda.is_available() and qcomm.compiled_with_cuda()),
-    reason="needs a GPU and the CUDA build",
-)
+@gpu
 def test_cuda_codec_ops_hop_equals_cpu():
     """CudaCodecOps.decodeAddEncode (the fused hop kernel; world 1 has no hop to run it) gives the
     CPU's partial sums and wire bytes."""
@@ -250,11 +247,7 @@ def _cuda_worker(rank, world):
     return problems
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(
-    not (torch.cuda.is_available() and qcomm.compiled_with_cuda()),
-    reason="needs a GPU and the CUDA build",
-)
+@gpu
 def test_cuda_world1_equals_cpu():
     problems = run_ranks(_cuda_worker, 1, timeout=600)
     flat = [p for ps in problems for p in ps]

@@ -21,22 +21,15 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
+from checks import gpu
 
 import qcomm
 from qcomm import reference as ref
 
 from dist_util import run_ranks
 
-HAVE_GPU = torch.cuda.is_available() and qcomm.compiled_with_cuda()
 # the quantized CUDA path is opt-in until it has run on a GPU (README, "CUDA tensors")
 ENV = {"QCOMM_CUDA_QUANTIZE": "1", "QCOMM_IPC_SPIN_TIMEOUT_MS": "20000"}
-
-
-def gpu(test):
-    """A test that needs the GPU: skipped without one; gpu_check.sh selects these (-m cuda)."""
-    test = pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA device and the CUDA build")(test)
-    return pytest.mark.cuda(test)
-
 
 BITS = [(8, 8), (4, 8), (4, 4), (None, 8), (8, None)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -5,18 +5,12 @@ import itertools
 
 import pytest
 import torch
+from checks import GPU_ONLY, same_floats
 
-import qcomm
 from qcomm import _C
 from qcomm import reference as ref
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() and qcomm.compiled_with_cuda()),
-        reason="needs a CUDA device and the CUDA build",
-    ),
-]
+pytestmark = GPU_ONLY
 
 
 def _inputs():
@@ -87,14 +81,6 @@ def _special(n, seed):
     return x
 
 
-def _same_floats(a, b):
-    """Bit for bit, except that a NaN matches any NaN (CPU and GPU NaN payloads differ)."""
-    na, nb = torch.isnan(a), torch.isnan(b)
-    if not torch.equal(na, nb):
-        return False
-    return torch.equal(a[~na].view(torch.int32), b[~nb].view(torch.int32))
-
-
 @pytest.mark.parametrize("group", [32, 64, 128, 256, 512, 1024])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_cuda_vector_and_scalar_paths_match_cpu(group, dtype):
@@ -116,7 +102,7 @@ def test_cuda_vector_and_scalar_paths_match_cpu(group, dtype):
                 want = _C.codec_decode(cpu, n, bits, group, sym)
                 if acc:
                     want = init[offset : offset + n] + want
-                assert _same_floats(want, out.cpu()), f"{case} accumulate={acc}: values differ"
+                assert same_floats(want, out.cpu()), f"{case} accumulate={acc}: values differ"
 
 
 @pytest.mark.parametrize("local_dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -140,7 +126,7 @@ def test_cuda_ring_hop_matches_cpu(local_dtype):
         case = f"in={in_bits} out={out_bits} sym={sym} n={n} in_place={in_place}"
         if in_place:
             assert partial.data_ptr() == loc.data_ptr(), case
-        assert _same_floats(want_partial, partial.cpu()), f"{case}: partial sums differ"
+        assert same_floats(want_partial, partial.cpu()), f"{case}: partial sums differ"
         assert torch.equal(want, dst.cpu()), f"{case}: re-encoded bytes differ"
     # stochastic rounding of the re-encode, and group sizes that differ (the unfused sequence)
     x = torch.randn(2048, generator=g)
@@ -154,5 +140,5 @@ def test_cuda_ring_hop_matches_cpu(local_dtype):
         partial, dst = _C.cuda_codec_hop(
             src.cuda(), 8, in_group, True, local.cuda(), 4, out_group, False, **kw
         )
-        assert _same_floats(want_partial, partial.cpu()), (in_group, out_group, noise)
+        assert same_floats(want_partial, partial.cpu()), (in_group, out_group, noise)
         assert torch.equal(want, dst.cpu()), (in_group, out_group, noise)
