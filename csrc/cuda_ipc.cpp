@@ -326,7 +326,6 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
     const long long ms = std::atoll(v);
     if (ms > 0 && ms * 1000000 < a.timeoutNs) a.timeoutNs = ms * 1000000;
   }
-  checkError(rankPrefix(rank_, world_));
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   const bool eager = cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
                      capture == cudaStreamCaptureStatusNone;

@@ -36,7 +36,8 @@ class IpcTransport {
   IpcTransport& operator=(const IpcTransport&) = delete;
 
   // Enqueue the fused two_step of `plan` on `data` (contiguous, on this rank's device) on
-  // `stream`. Returns the bytes this rank writes into peers' buffers.
+  // `stream`; the caller has called checkError() first. Returns the bytes this rank writes into
+  // peers' buffers.
   int64_t run(const Plan& plan, at::Tensor& data, cudaStream_t stream,
               std::chrono::milliseconds timeout);
   // Throws, naming rank, step, peer and tile, if a kernel of this transport gave up, or if a
