@@ -83,6 +83,12 @@ def main() -> int:
 
     on_all(make)
     streams = [torch.cuda.Stream() for _ in range(world)]
+    # Load the kernels the threads launch between allreduces now, while nothing runs: under lazy
+    # loading (CUDA's default) a kernel loads at its first launch and the load waits for the
+    # context's running kernels, here the peers' two_step kernels, which wait for this thread.
+    # (qcomm loads its own kernels at set-up.)
+    torch.cuda._sleep(1)
+    torch.cuda.synchronize()
     rows = []
     print(
         f"# {torch.cuda.get_device_name()}, {world} ranks as threads on one GPU, {args.dtype}, "

@@ -278,6 +278,39 @@ QCOMM_HD uint32_t quantizeScaled(float v, const GroupParams& p) {
   return uint32_t(int(roundHalfEven(t)));
 }
 
+// quantizeScaled without a division per element, for the GPU's encoders (an IEEE division there
+// is a reciprocal approximation, its refinement and a range check with a slow path). Equal to
+// quantizeScaled, bit for bit, for finite v and a scale inside fastScaleRange (tested by
+// tests/native/simt/codec_main.cpp, and by every CUDA codec test through the kernels).
+//
+// Why: rcp = RN(1/s) is computed once per group. q0 = RN(x * rcp) is within 2 ulps of x/s; one
+// correction q1 = RN(q0 + RN(x - q0 s) rcp) makes it faithful (error ~2^-46 relative, plus its
+// rounding); a second correction with the correctly rounded reciprocal then gives exactly RN(x/s)
+// (Markstein's theorem), provided the remainders x - q s are exact, which holds for
+// |x| >= 2^-90 with s in range. Smaller |x| give |x/s| < 2^-30, where any value that small yields
+// the same code as the exact one: round(t) is 0, and L/2 + t rounds to L/2 (its ulp is 2^-17 or
+// 2^-21).
+QCOMM_HD bool fastScaleRange(float s) { return s >= 0x1p-60f && s <= 0x1p60f; }
+
+QCOMM_HD float divideByScale(float x, float s, float rcp) {
+  const float q0 = x * rcp;
+  const float q1 = fmaf(fmaf(-q0, s, x), rcp, q0);
+  return fmaf(fmaf(-q1, s, x), rcp, q1);
+}
+
+// The clamps as min/max: t is finite here, where they equal quantizeScaled's comparisons.
+template <int kBits, bool kSym>
+QCOMM_HD uint32_t quantizeWithReciprocal(float v, const GroupParams& p, float rcp) {
+  if (kSym) {
+    const float qmax = qmaxSym(kBits);
+    const float t = fminf(fmaxf(divideByScale(v, p.scale, rcp), -qmax), qmax);
+    return uint32_t(int(roundHalfEven(t))) & (kBits == 8 ? 0xffu : 0xfu);
+  }
+  const float levels = levelsAsym(kBits);
+  const float t = divideByScale(v - p.mid, p.scale, rcp) + levels * 0.5f;
+  return uint32_t(int(roundHalfEven(fminf(fmaxf(t, 0.0f), levels))));
+}
+
 // ---- stochastic rounding (QuantConfig.stochastic_rounding) ----
 //
 // Instead of rounding t to the nearest code, round down after adding u ~ U[0, 1): E[code] = t, so

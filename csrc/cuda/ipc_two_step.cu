@@ -323,6 +323,24 @@ cudaError_t launchPieces(const IpcTwoStepArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+cudaError_t ipcPreload() {
+#if defined(QCOMM_SIMT)
+  return cudaSuccess;
+#else
+  // Referencing a kernel loads it (under lazy loading, CUDA 12.2+'s default, a kernel is loaded
+  // at its first launch, and loading waits for the context's running kernels). Ranks that are
+  // threads of one process share a context: a rank that loaded advanceEpoch, or a piece kernel,
+  // while its peer's piece kernel spins waiting for this rank would wait for that kernel, and
+  // that kernel for this rank's launch. So every kernel here is loaded at set-up.
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, twoStepPiece<float>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, twoStepPiece<fp16_t>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, twoStepPiece<bf16_t>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, advanceEpoch);
+  return e;
+#endif
+}
+
 cudaError_t ipcTwoStep(const IpcTwoStepArgs& a, cudaStream_t stream) {
   if (a.numel == 0 || a.geometry.pieces == 0) return cudaSuccess;
   // an error left pending by earlier, unrelated work must not pass for a failure of these

@@ -15,5 +15,9 @@ namespace gpu {
 
 cudaError_t ipcTwoStep(const IpcTwoStepArgs& a, cudaStream_t stream);
 
+// Loads this file's kernels on the current device (see the definition); called once at set-up,
+// before any rank can launch.
+cudaError_t ipcPreload();
+
 }  // namespace gpu
 }  // namespace qcomm

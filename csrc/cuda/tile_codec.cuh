@@ -145,7 +145,8 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
   const int lanesPerGroup = gs / kVec < kWarp ? gs / kVec : kWarp;
   const int vecsPerGroup = gs > kTile ? gs / kTile : 1;
 
-  // 1. this lane's part of each vector's group: lo = absmax (symmetric) or min, hi = max
+  // 1. this lane's part of each vector's group: lo = absmax (symmetric) or min, hi = max. fminf
+  //    and fmaxf skip a NaN, but a NaN or Inf marks the group bad and then no one reads them
   float lo[kU], hi[kU];
   int bad[kU];
 #pragma unroll
@@ -156,8 +157,7 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         bad[j] |= nonFinite(v[j][k]);
-        const float a = bitsFloat(floatBits(v[j][k]) & 0x7fffffffu);
-        lo[j] = a > lo[j] ? a : lo[j];
+        lo[j] = fmaxf(bitsFloat(floatBits(v[j][k]) & 0x7fffffffu), lo[j]);
       }
       hi[j] = 0.0f;
     } else {
@@ -166,8 +166,8 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
       for (int k = 0; k < kVec; ++k) {
         const float x = v[j][k];
         bad[j] |= nonFinite(x);
-        lo[j] = x < lo[j] ? x : lo[j];
-        hi[j] = x > hi[j] ? x : hi[j];
+        lo[j] = fminf(x, lo[j]);
+        hi[j] = fmaxf(x, hi[j]);
       }
     }
   }
@@ -225,6 +225,13 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
     const bool finite = paramsFinite(p);
     const bool constant = finite && p.scale == 0.0f;
     uint32_t q[kVec];
+    if (finite && !noise.on && fastScaleRange(p.scale)) {  // the common case, straight-line
+      const float rcp = 1.0f / p.scale;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) q[k] = quantizeWithReciprocal<kBits, kSym>(v[j][k], p, rcp);
+      storeCodes<kBits, kVec>(t.data, e, q);
+      continue;
+    }
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       if (!finite) {

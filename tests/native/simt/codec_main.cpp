@@ -163,6 +163,57 @@ void checkHop(int32_t dtype, const CodecSpec& in, const CodecSpec& outSpec, int6
 
 }  // namespace
 
+// n values per codec variant: group parameters drawn as the encoder makes them (from a random
+// absmax, or a random min and max), scales from 2^-60 to 2^60, values on the rounding boundaries
+// of the scaled code line and a few ulps either side, uniform in the group's range, and tiny.
+template <int kBits, bool kSym>
+void checkReciprocal(int64_t n, std::mt19937& gen) {
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-58, 58), ulps(-3, 3), kind(0, 3);
+  const float levels = kSym ? 2.0f * qmaxSym(kBits) : levelsAsym(kBits);
+  int shown = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    GroupParams p;
+    const float span = std::ldexp(1.0f + 0.999f * std::fabs(unit(gen)), expo(gen));
+    if (kSym) {
+      p = paramsFromAbsmax(span, 0, kBits);
+    } else {
+      const float lo = span * unit(gen);
+      p = paramsFromMinMax(lo, lo + span, 0, kBits);
+    }
+    if (!fastScaleRange(p.scale)) continue;
+    float v;
+    switch (kind(gen)) {
+      case 0: {  // a rounding boundary of the code line, nudged by a few ulps
+        const float k = std::floor((unit(gen) * 0.5f + 0.5f) * levels) + 0.5f - levels * 0.5f;
+        v = p.mid + k * p.scale;
+        for (int u = ulps(gen); u != 0; u += u > 0 ? -1 : 1) {
+          v = std::nextafter(v, u > 0 ? INFINITY : -INFINITY);
+        }
+        break;
+      }
+      case 1:
+        v = p.mid + unit(gen) * p.scale * levels * 0.5f;
+        break;
+      case 2:
+        v = p.mid + std::ldexp(unit(gen), expo(gen) - 80);
+        break;
+      default:
+        v = std::ldexp(unit(gen), expo(gen) - 90);
+    }
+    ++cases;
+    const uint32_t want = quantizeScaled<kBits, kSym>(v, p);
+    const uint32_t got = quantizeWithReciprocal<kBits, kSym>(v, p, 1.0f / p.scale);
+    if (want != got) {
+      ++failures;
+      if (shown++ < 5) {
+        std::fprintf(stderr, "DIFFER quantize bits=%d sym=%d v=%a scale=%a mid=%a: %u vs %u\n",
+                     kBits, int(kSym), v, p.scale, p.mid, want, got);
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   at::set_num_threads(1);
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
@@ -224,6 +275,18 @@ int main(int argc, char** argv) {
   }
   std::printf("ring hop: %lld cases, %d differences\n", (long long)(cases - before),
               failures - failuresBefore);
+  // 3. the GPU encoders' division-free quantizer (codec.h quantizeWithReciprocal) against
+  //    quantizeScaled, value by value: scales over the whole fast range, values at and a few ulps
+  //    around every rounding boundary, uniform values, and tiny ones
+  before = cases;
+  const int failuresBefore3 = failures;
+  const int64_t perCodec = quick ? 200000 : 2000000;
+  checkReciprocal<8, true>(perCodec, gen);
+  checkReciprocal<8, false>(perCodec, gen);
+  checkReciprocal<4, true>(perCodec, gen);
+  checkReciprocal<4, false>(perCodec, gen);
+  std::printf("quantize with reciprocal: %lld values, %d differences\n",
+              (long long)(cases - before), failures - failuresBefore3);
   if (failures == 0)
     std::printf("all %lld cases bit-identical to the CPU codec\n", (long long)cases);
   return failures == 0 ? 0 : 1;
