@@ -46,7 +46,7 @@ def main() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     # W kernels share one chip: give each 1/W of the SMs so that all their blocks are resident
     os.environ["QCOMM_IPC_BLOCKS"] = str(max(1, sms // world))
-    os.environ["QCOMM_CUDA_QUANTIZE"] = "1"  # opt-in until the CUDA path has run on a GPU
+    os.environ["QCOMM_CUDA_QUANTIZE"] = "1"  # the quantized CUDA path is opt-in
     store = dist.HashStore()
     timeout = datetime.timedelta(seconds=60)
     backends = [None] * world

@@ -111,7 +111,7 @@ run_step() {  # run_step CAP LOG CMD...: bounded, logged, counted as a failure w
   RESULTS+=("| $CURRENT | $what | $((SECONDS - t0)) |")
 }
 export QCOMM_IPC_SPIN_TIMEOUT_MS="${QCOMM_IPC_SPIN_TIMEOUT_MS:-20000}"  # fail fast, never hang
-export QCOMM_CUDA_QUANTIZE=1  # the quantized CUDA path is opt-in until it has run on a GPU
+export QCOMM_CUDA_QUANTIZE=1  # the quantized CUDA path is opt-in (README, "CUDA tensors")
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs)
 # QUICK=1: the transport tests and the fused two_step's benchmark only (while iterating)
 QUICK="${QUICK:-0}"

@@ -222,7 +222,9 @@ struct DeviceExec {
     for (int64_t gi = warp; gi < groups; gi += kWarps) {
       const int glen = groupLength(tile.len, a.ag, gi);
       const int64_t begin = gi * a.ag.groupSize;
-      if (byGroup) {
+      if (byGroup && glen == a.ag.groupSize && sumGroupVec(tile.len, s, gi, mine)) {
+        // done: mine holds the group's sum
+      } else if (byGroup) {
         for (int q = 0; q < a.world; ++q) {
           addCopy(ipc::reduceSlot(own, a.geometry, q, s), tile.len, gi, glen, mine, q == 0);
         }
@@ -243,6 +245,59 @@ struct DeviceExec {
       encodeGroup(a.ag, tile.len, gi, out, noise, [&](int k) { return mine[k]; });
       __syncwarp();
     }
+  }
+
+  // The sum of the W reduce copies of a whole group gi of slot s into mine (the AVG division
+  // included), lane l taking items of 4 elements l, l + 32, ...: the W code words of an item are
+  // loaded together, then added in rank order 0..W-1 (the operations addCopy does, in its order).
+  // False, with nothing written, when a copy's codes are not aligned for word loads.
+  __device__ bool sumGroupVec(int64_t n, int64_t s, int64_t gi, float* mine) const {
+    uint8_t* own = a.buffers[a.rank];
+    const int64_t begin = gi * a.rs.groupSize;
+    const uint8_t* data[kIpcMaxRanks];
+    GroupParams p[kIpcMaxRanks];
+    bool ok = true;
+#pragma unroll
+    for (int q = 0; q < kIpcMaxRanks; ++q) {
+      if (q < a.world) {
+        const uint8_t* block = ipc::reduceSlot(own, a.geometry, q, s);
+        data[q] = block + dataOffset(n, a.rs);
+        ok = ok && aligned(data[q] + begin * a.rs.bits / 8, a.rs.bits / 2);
+        p[q] = loadParams(block, n, a.rs, gi);
+      }
+    }
+    if (!ok) return false;
+    const int lane = threadIdx.x % kWarp;
+    const int items = a.rs.groupSize / 4;
+    const float w = float(a.world);
+    withCodec(a.rs, [&](auto kc) {
+      using K = decltype(kc);
+      for (int i = lane; i < items; i += kWarp) {
+        uint32_t c[kIpcMaxRanks][4];
+#pragma unroll
+        for (int q = 0; q < kIpcMaxRanks; ++q) {
+          if (q < a.world) loadCodes4<K::bits>(data[q], begin + 4 * i, c[q]);
+        }
+        float acc[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[j] = dequantizeOne<K::bits, K::sym>(c[0][j], p[0]);
+#pragma unroll
+        for (int q = 1; q < kIpcMaxRanks; ++q) {
+          if (q < a.world) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              acc[j] = acc[j] + dequantizeOne<K::bits, K::sym>(c[q][j], p[q]);
+            }
+          }
+        }
+        if (a.average) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[j] = acc[j] / w;
+        }
+        *reinterpret_cast<float4*>(mine + 4 * i) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      }
+    });
+    return true;
   }
 
   // mine[k] = x^[k] (first) or mine[k] + x^[k] for the elements k of group gi of one reduce copy
@@ -281,9 +336,37 @@ struct DeviceExec {
     const int64_t groups = numGroups(tile.len, a.ag);
     const uint8_t* data = src + dataOffset(tile.len, a.ag);
     const int shift = __ffs(a.ag.groupSize) - 1;  // group sizes are powers of two
+    // items of 4 consecutive elements (one code word, one 4-element store), kDecodeItems per
+    // thread with every load issued before the first use: a tile takes one memory round trip,
+    // not one per element
+    constexpr int kDecodeItems = 4;
+    const bool vec = aligned(x, 4 * int(sizeof(T))) && aligned(data, a.ag.bits / 2);
+    const int64_t items = vec ? tile.len / 4 : 0;
     withCodec(a.ag, [&](auto k) {
       using K = decltype(k);
-      for (int64_t e = threadIdx.x; e < tile.len; e += blockDim.x) {
+      for (int64_t first = threadIdx.x; first < items; first += kDecodeItems * blockDim.x) {
+        uint32_t q[kDecodeItems][4];
+        GroupParams p[kDecodeItems];
+#pragma unroll
+        for (int u = 0; u < kDecodeItems; ++u) {
+          const int64_t i = first + u * blockDim.x;
+          if (i < items) {
+            loadCodes4<K::bits>(data, 4 * i, q[u]);
+            p[u] = loadParamsAt<K::sym>(meta, groups, (4 * i) >> shift);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kDecodeItems; ++u) {
+          const int64_t i = first + u * blockDim.x;
+          if (i < items) {
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = dequantizeOne<K::bits, K::sym>(q[u][j], p[u]);
+            storeFloats(x + 4 * i, v);
+          }
+        }
+      }
+      for (int64_t e = 4 * items + threadIdx.x; e < tile.len; e += blockDim.x) {
         const GroupParams p = loadParamsAt<K::sym>(meta, groups, e >> shift);
         x[e] = fromFloat<T>(dequantizeOne<K::bits, K::sym>(codeAt<K::bits>(data, e), p));
       }
@@ -294,7 +377,7 @@ struct DeviceExec {
 // At most one block per SM is ever launched, so the register budget is one block's (no spills).
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1) twoStepPiece(IpcTwoStepArgs a, int64_t piece) {
-  __shared__ float sums[kWarps * 1024];
+  __shared__ __align__(16) float sums[kWarps * 1024];
   __shared__ int giveUp;
   if (threadIdx.x == 0) giveUp = 0;
   __syncthreads();

@@ -80,6 +80,19 @@ __device__ __forceinline__ void loadFloats(const T* p, float (&v)[kN]) {
   for (int k = 0; k < kN; ++k) v[k] = toFloat(u.t[k]);
 }
 
+// p[k] = fromFloat<T>(v[k]) for k < kN, written with one access of kN * sizeof(T) bytes.
+template <class T, int kN>
+__device__ __forceinline__ void storeFloats(T* p, const float (&v)[kN]) {
+  using W = typename VecWord<kN* int(sizeof(T))>::type;
+  union {
+    W w;
+    T t[kN];
+  } u;
+#pragma unroll
+  for (int k = 0; k < kN; ++k) u.t[k] = fromFloat<T>(v[k]);
+  *reinterpret_cast<W*>(p) = u.w;
+}
+
 // The 4 codes of elements e..e+3 (e a multiple of 4) of a data section: one 4-byte (8-bit) or
 // 2-byte (4-bit; even element in the low nibble) load.
 template <int kBits>
