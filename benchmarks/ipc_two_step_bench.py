@@ -9,6 +9,10 @@ device copy of the same bytes (time for W copies of the message); the cost model
 (benchmarks/cost_model.py) reads the `fused_two_step` rows of the CSV.
 
     python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64,256 --csv out.csv
+    python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 --profile
+
+--profile (QCOMM_IPC_PROFILE=1) also prints where rank 0's kernel blocks spent their time in the
+timed calls: each phase's share of the cycles summed over blocks, and cycles per block-piece.
 """
 
 from __future__ import annotations
@@ -28,6 +32,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import qcomm  # noqa: E402
 
 
+def print_profile(after: list, before: list, what: str) -> None:
+    """Each phase's share of the cycles rank 0's blocks spent in the timed calls."""
+    if not after or len(before) != len(after):
+        print(f"# profile {what}: none (QCOMM_IPC_PROFILE was not on at set-up)")
+        return
+    delta = {name: v - b for (name, v), b in zip(after, before)}
+    runs = delta.pop("runs")
+    total = sum(delta.values()) or 1
+    shares = ", ".join(f"{name} {100 * v / total:.0f}%" for name, v in delta.items())
+    print(f"# profile {what}, rank 0: {total / max(runs, 1):.0f} cycles per block-piece; {shares}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--world", type=int, default=2)
@@ -37,6 +53,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--profile", action="store_true", help="per-phase time of the kernel's blocks")
     args = ap.parse_args()
     if not (torch.cuda.is_available() and qcomm.compiled_with_cuda()):
         print("needs a CUDA device and the CUDA build of qcomm", file=sys.stderr)
@@ -47,6 +64,8 @@ def main() -> int:
     # W kernels share one chip: give each 1/W of the SMs so that all their blocks are resident
     os.environ["QCOMM_IPC_BLOCKS"] = str(max(1, sms // world))
     os.environ["QCOMM_CUDA_QUANTIZE"] = "1"  # the quantized CUDA path is opt-in
+    if args.profile:
+        os.environ["QCOMM_IPC_PROFILE"] = "1"  # read at the groups' set-up
     store = dist.HashStore()
     timeout = datetime.timedelta(seconds=60)
     backends = [None] * world
@@ -115,8 +134,9 @@ def main() -> int:
             rs, ag = (int(b) for b in bits.split("/"))
             cfg = qcomm.QuantConfig(rs_bits=rs, ag_bits=ag, min_bytes=0).as_tuple()
             times = [0.0] * world
+            before: list[int] = []
 
-            def run(r, cfg=cfg, times=times, xs=xs):
+            def run(r, cfg=cfg, times=times, xs=xs, before=before):
                 backends[r].set_config(cfg)
                 with torch.cuda.stream(streams[r]):
                     o = dist.AllreduceOptions()
@@ -125,6 +145,8 @@ def main() -> int:
                     streams[r].synchronize()
                     start = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)
+                    if r == 0:
+                        before[:] = [v for _, v in backends[0].cuda_ipc_profile()]
                     torch.cuda._sleep(200_000_000)  # keep the GPU busy while the host enqueues
                     start.record()
                     for _ in range(args.iters):
@@ -152,6 +174,8 @@ def main() -> int:
                 f"| {mib} | {bits} | {t:.1f} | {per_mib:.2f} | {copy_us:.1f} | {copy_us / t:.2f} |",
                 flush=True,
             )
+            if args.profile:
+                print_profile(backends[0].cuda_ipc_profile(), before, f"{mib} MiB {bits}")
             if any(torch.isnan(x.float()).any() for x in xs):
                 print("non-finite values appeared", file=sys.stderr)
                 return 1

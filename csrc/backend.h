@@ -3,10 +3,14 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
+#include <vector>
 
 #include "config.h"
 #include "plan.h"
@@ -54,6 +58,9 @@ class QncclBackend : public c10d::Backend {
   // why CUDA IPC was not chosen (empty when it was).
   std::string cudaTransport() const;
   std::string cudaTransportNote() const;
+  // QCOMM_IPC_PROFILE=1 at the group's CUDA-IPC set-up: (phase, cycles summed over the fused
+  // kernel's blocks) since then, and ("runs", block-pieces run); empty otherwise.
+  std::vector<std::pair<std::string, int64_t>> cudaIpcProfile() const;
 
   // the quantized collective
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,

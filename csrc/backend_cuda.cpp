@@ -94,6 +94,17 @@ std::string QncclBackend::cudaTransportNote() const {
   return cuda_ ? cuda_->note : "";
 }
 
+std::vector<std::pair<std::string, int64_t>> QncclBackend::cudaIpcProfile() const {
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  std::vector<std::pair<std::string, int64_t>> out;
+  if (!cuda_ || !cuda_->ipc) return out;
+  const std::vector<int64_t> v = cuda_->ipc->profile();
+  for (size_t i = 0; i < v.size(); ++i) {
+    out.emplace_back(i < size_t(kIpcPhases) ? kIpcPhaseNames[i] : "runs", v[i]);
+  }
+  return out;
+}
+
 CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
   std::lock_guard<std::mutex> lock(cudaMutex_);
   if (cuda_) {

@@ -138,6 +138,16 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
       e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&t->deviceError_), t->hostError_, 0);
     }
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&t->lastEnd_, cudaEventDisableTiming);
+    const char* profile = std::getenv("QCOMM_IPC_PROFILE");
+    if (e == cudaSuccess && profile != nullptr && std::strcmp(profile, "1") == 0) {
+      e = cudaHostAlloc(reinterpret_cast<void**>(&t->hostProfile_),
+                        sizeof(unsigned long long) * kIpcProfileSlots, cudaHostAllocMapped);
+      if (e == cudaSuccess) {
+        std::memset(t->hostProfile_, 0, sizeof(unsigned long long) * kIpcProfileSlots);
+        e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&t->deviceProfile_), t->hostProfile_,
+                                     0);
+      }
+    }
     if (e != cudaSuccess) {
       local = cudaWhy("setting up its IPC buffer", e);
       cudaGetLastError();
@@ -280,6 +290,7 @@ IpcTransport::~IpcTransport() {
     }
     if (own_) cudaFree(own_);
     if (hostError_) cudaFreeHost(hostError_);
+    if (hostProfile_) cudaFreeHost(hostProfile_);
   } else {
     std::fprintf(stderr,
                  "%s[qcomm] CUDA-IPC teardown: this rank's last two_step is still running after "
@@ -321,6 +332,7 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
   IpcTwoStepArgs a = ipcArgs(plan, rank_, g, data.data_ptr(), peers_,
                              int64_t(timeout.count()) * 1000000, deviceError_);
   a.smCount = smCount_;
+  a.profile = deviceProfile_;
   // QCOMM_IPC_SPIN_TIMEOUT_MS lowers the bound of the kernel's spins below the group's timeout
   // (tests and checks that must fail fast rather than wait the default 30 minutes)
   if (const char* v = std::getenv("QCOMM_IPC_SPIN_TIMEOUT_MS")) {
@@ -362,6 +374,14 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
     }
   }
   return wire;
+}
+
+std::vector<int64_t> IpcTransport::profile() const {
+  std::vector<int64_t> v;
+  if (!hostProfile_) return v;
+  const volatile unsigned long long* p = hostProfile_;  // written by the device
+  for (int i = 0; i < kIpcProfileSlots; ++i) v.push_back(int64_t(p[i]));
+  return v;
 }
 
 void IpcTransport::checkError(const std::string& prefix) const {

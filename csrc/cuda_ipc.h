@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
 
 #include "cuda/ipc_two_step.h"
 #include "plan.h"
@@ -45,6 +46,10 @@ class IpcTransport {
   // synchronizes.
   void checkError(const std::string& prefix) const;
   int64_t bufferBytes() const { return bufferBytes_; }
+  // With QCOMM_IPC_PROFILE=1 at set-up: the kernel's per-phase cycle counters since set-up
+  // (kIpcProfileSlots values, see IpcTwoStepArgs::profile), read without a sync (the caller
+  // synchronizes first for final values); empty without it.
+  std::vector<int64_t> profile() const;
 
  private:
   IpcTransport() = default;
@@ -59,6 +64,8 @@ class IpcTransport {
   bool opened_[kIpcMaxRanks] = {};     // mapped through cudaIpcOpenMemHandle (to close)
   IpcError* hostError_ = nullptr;
   IpcError* deviceError_ = nullptr;
+  unsigned long long* hostProfile_ = nullptr;  // QCOMM_IPC_PROFILE: host-mapped counters
+  unsigned long long* deviceProfile_ = nullptr;
   cudaEvent_t lastEnd_ = nullptr;   // after the last eager launch: teardown waits for it
   mutable std::mutex brokenMutex_;  // Works may check from other threads
   std::string broken_;              // a launch failed part-way: every later call raises this

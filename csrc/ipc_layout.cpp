@@ -50,6 +50,10 @@ IpcTwoStepArgs ipcArgs(const Plan& plan, int rank, const IpcGeometry& g, void* d
   return a;
 }
 
+const char* const kIpcPhaseNames[kIpcPhases] = {
+    "send_encode", "send_release",   "own_encode", "own_wait",    "sum_encode",
+    "copy_out",    "gather_release", "own_decode", "gather_wait", "gather_decode"};
+
 std::string describeIpcError(const IpcError& e) {
   const std::string step = e.step == 1 ? "reduce phase" : "gather phase";
   const std::string where = " waiting for rank " + std::to_string(e.peer) + "'s tile " +

@@ -82,7 +82,28 @@ struct IpcTwoStepArgs {
   int64_t timeoutNs;    // bound on every spin
   IpcError* hostError;  // host-mapped
   int smCount;
+  // QCOMM_IPC_PROFILE: null, or kIpcProfileSlots host-mapped counters: per phase of the protocol
+  // (ipc_protocol.h, IpcPhase) the clock cycles its blocks spent there, summed over blocks, then
+  // the number of (block, piece) runs
+  unsigned long long* profile;
 };
+
+// The phases the profile splits a block's time into, in protocol order.
+enum IpcPhase : int {
+  kPhaseSendEncode,     // A: encode a tile into the owner's buffer (and the barrier after)
+  kPhaseSendRelease,    // A: the flag's release (fence, store)
+  kPhaseOwnEncode,      // B: encode this rank's own copy
+  kPhaseOwnWait,        // B: wait for every peer's copy
+  kPhaseSumEncode,      // B: decode and sum the W copies, encode the sum
+  kPhaseCopyOut,        // B: copy the encoded sum into every peer's buffer
+  kPhaseGatherRelease,  // B: release the peers' gather flags
+  kPhaseOwnDecode,      // B: decode this rank's own output
+  kPhaseGatherWait,     // C: wait for an owner's encoded sum
+  kPhaseGatherDecode,   // C: decode it into place
+  kIpcPhases
+};
+constexpr int kIpcProfileSlots = kIpcPhases + 1;  // + the number of (block, piece) runs
+extern const char* const kIpcPhaseNames[kIpcPhases];
 
 // The arguments of one rank's call of `plan` (a quantized two_step) over the mapped buffers.
 IpcTwoStepArgs ipcArgs(const Plan& plan, int rank, const IpcGeometry& g, void* data,

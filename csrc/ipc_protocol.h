@@ -7,7 +7,9 @@
 //
 // Each executor `ex` provides: epochBase(), encodeReduce(tile, dst), sumEncode(tile, slot, out),
 // copy16(dst, src, vectors), decodeOut(src, tile), barrier(), leader(), release(flag, v),
-// wait(flag, epoch, step, peer, tile) (leader only; false = gave up), and setGiveUp()/gaveUp().
+// wait(flag, epoch, step, peer, tile) (leader only; false = gave up), setGiveUp()/gaveUp(), and
+// mark(phase): the time since the previous mark belongs to `phase` (IpcPhase; -1 starts the
+// clock), which the kernel counts when profiling and the host emulation ignores.
 //
 // Phases of one piece, in this order for every block (see ipc_two_step.cu for the argument that
 // they cannot deadlock and that no slot is overwritten before it is read):
@@ -76,6 +78,7 @@ QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, i
   const int64_t first = piece * g.pieceTiles;
   const int64_t slots = pieceSlots(g, piece);
   const int peers = a.world - 1;
+  ex.mark(-1);
 
   // A. reduce sends
   for (int64_t task = block; task < int64_t(peers) * slots; task += blocks) {
@@ -85,7 +88,9 @@ QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, i
     if (tile.len <= 0) continue;
     ex.encodeReduce(tile, reduceSlot(a.buffers[c], g, a.rank, s));
     ex.barrier();
+    ex.mark(kPhaseSendEncode);
     if (ex.leader()) ex.release(reduceFlag(a.buffers[c], a.rank, s), epoch);
+    ex.mark(kPhaseSendRelease);
   }
 
   // B. own tiles
@@ -93,6 +98,7 @@ QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, i
     const Tile tile = tileOf(a, a.rank, first + s);
     if (tile.len <= 0) continue;
     ex.encodeReduce(tile, reduceSlot(own, g, a.rank, s));
+    ex.mark(kPhaseOwnEncode);
     if (ex.leader()) {
       for (int j = 1; j <= peers; ++j) {
         const int q = (a.rank + j) % a.world;
@@ -103,23 +109,28 @@ QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, i
       }
     }
     ex.barrier();
+    ex.mark(kPhaseOwnWait);
     if (ex.gaveUp()) return false;
     uint8_t* out = gatherSlot(own, g, a.world, a.rank, s);
     ex.sumEncode(tile, s, out);
     ex.barrier();
+    ex.mark(kPhaseSumEncode);
     const int64_t vectors = alignUp16(encodedBytes(tile.len, a.ag)) / 16;
     for (int j = 1; j <= peers; ++j) {
       const int o = (a.rank + j) % a.world;
       ex.copy16(gatherSlot(a.buffers[o], g, a.world, a.rank, s), out, vectors);
     }
     ex.barrier();
+    ex.mark(kPhaseCopyOut);
     if (ex.leader()) {
       for (int j = 1; j <= peers; ++j) {
         ex.release(gatherFlag(a.buffers[(a.rank + j) % a.world], a.rank, s), epoch);
       }
     }
+    ex.mark(kPhaseGatherRelease);
     ex.decodeOut(out, tile);
     ex.barrier();
+    ex.mark(kPhaseOwnDecode);
   }
 
   // C. gather
@@ -130,9 +141,11 @@ QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, i
     if (tile.len <= 0) continue;
     if (ex.leader() && !ex.wait(gatherFlag(own, o, s), epoch, 2u, o, first + s)) ex.setGiveUp();
     ex.barrier();
+    ex.mark(kPhaseGatherWait);
     if (ex.gaveUp()) return false;
     ex.decodeOut(gatherSlot(own, g, a.world, o, s), tile);
     ex.barrier();
+    ex.mark(kPhaseGatherDecode);
   }
   return true;
 }

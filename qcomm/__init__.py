@@ -24,6 +24,7 @@ __all__ = [
     "backend_of",
     "compiled_with_cuda",
     "cuda_transport",
+    "cuda_ipc_profile",
 ]
 
 BACKEND = "qnccl"
@@ -110,6 +111,14 @@ def cuda_transport(group=None) -> dict:
     QCOMM_CUDA_QUANTIZE=1) has chosen, on every rank alike."""
     be = backend_of(group)
     return {"transport": be.cuda_transport(), "note": be.cuda_transport_note()}
+
+
+def cuda_ipc_profile(group=None) -> dict:
+    """Where this rank's fused CUDA-IPC two_step kernel spends its time, when QCOMM_IPC_PROFILE=1
+    was set at the group's first quantized CUDA allreduce: {phase: clock cycles summed over the
+    kernel's blocks since then, ..., "runs": block-pieces run}. Empty without it (or before the
+    set-up, or with the NCCL transport). Synchronize the device first for final values."""
+    return dict(backend_of(group).cuda_ipc_profile())
 
 
 def reset_stats(group=None) -> None:

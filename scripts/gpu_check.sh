@@ -5,7 +5,7 @@
 # streams and Work, a CUDA graph replayed 100 times, calls on different streams, the set-up's
 # agreement on settings; the NCCL transport at world size 1),
 # benchmarks the codec kernels against device-to-device copy and the fused two_step's cost per
-# byte, runs the cost model on what it measured, and writes logs and CSV under $OUT (default
+# byte (and, profiled, where its blocks spend their time), runs the cost model on what it measured, and writes logs and CSV under $OUT (default
 # out/gpu_check). Uses the machine's python with torch preinstalled (no network there); prints a
 # short table last.
 set -uo pipefail
@@ -137,6 +137,10 @@ step "fused CUDA-IPC two_step, 2 ranks as threads on the one GPU"
 run_step 90 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
   --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
+
+step "fused CUDA-IPC two_step profiled: where its blocks spend their time (QCOMM_IPC_PROFILE=1)"
+run_step 45 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+  "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 --profile
 
 step "tests: IPC set-up agreement across ranks, calls on different streams"
 run_step 120 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "$EXTRA" tests/test_cuda_allreduce.py

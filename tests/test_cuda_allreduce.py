@@ -156,12 +156,13 @@ def _transport_worker(rank, world):
     x = torch.ones(1 << 20)
     qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
     dist.all_reduce(x)  # a CPU allreduce chooses no CUDA transport
-    return qcomm.cuda_transport()
+    return {**qcomm.cuda_transport(), "profile": qcomm.cuda_ipc_profile()}
 
 
 def test_cuda_transport_is_unchosen_until_a_cuda_allreduce():
     got = run_ranks(_transport_worker, 2, timeout=120)
     assert [g["transport"] for g in got] == ["", ""], got
+    assert [g["profile"] for g in got] == [{}, {}], got
     if not qcomm.compiled_with_cuda():
         assert all("without CUDA" in g["note"] for g in got), got
 
@@ -280,12 +281,18 @@ def _pieces_worker(rank, world):
     for seed, (dtype, numel) in enumerate([(torch.float32, 2**22 + 77), (torch.bfloat16, 300001)]):
         problems += _case(rank, world, 8, 8, dtype, numel, 300 + seed)
         problems += _case(rank, world, 4, 8, dtype, numel, 400 + seed, average=True)
+    # profiled (QCOMM_IPC_PROFILE=1): the results above are unchanged, and every phase counted
+    torch.cuda.synchronize()
+    prof = qcomm.cuda_ipc_profile()
+    if prof.get("runs", 0) <= 0 or any(v <= 0 for v in prof.values()):
+        problems.append(f"profile: {prof}")
     return problems
 
 
 @gpu
 def test_ipc_message_larger_than_the_buffer_runs_in_pieces():
-    _assert_no_problems(_pieces_worker, 2, timeout=300, env={**ENV, "QCOMM_IPC_BUFFER_MB": "1"})
+    env = {**ENV, "QCOMM_IPC_BUFFER_MB": "1", "QCOMM_IPC_PROFILE": "1"}
+    _assert_no_problems(_pieces_worker, 2, timeout=300, env=env)
 
 
 def _semantics_worker(rank, world):

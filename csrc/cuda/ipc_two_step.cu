@@ -117,6 +117,20 @@ struct DeviceExec {
     return loadAcquire(word(a.buffers[a.rank], kIpcEpochOffset));
   }
   __device__ void barrier() const { __syncthreads(); }
+
+  // QCOMM_IPC_PROFILE: thread 0 adds the cycles since its previous mark to the phase's counter
+  // (host-mapped; the block's other threads have passed the same barrier, or are about to).
+  mutable long long lastMark = 0;
+  __device__ void mark(int phase) const {
+    if (a.profile == nullptr || threadIdx.x != 0) return;
+    const long long now = clock64();
+    if (phase >= 0) {
+      atomicAdd(a.profile + phase, static_cast<unsigned long long>(now - lastMark));
+    } else {
+      atomicAdd(a.profile + kIpcPhases, 1ull);
+    }
+    lastMark = now;
+  }
   __device__ bool leader() const { return threadIdx.x == 0; }
   __device__ void setGiveUp() const { *giveUp = 1; }
   __device__ bool gaveUp() const { return *giveUp != 0; }

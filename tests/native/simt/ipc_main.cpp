@@ -7,6 +7,7 @@
 // any difference, a missing error record, or an emulator error.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -99,17 +100,35 @@ bool runCase(const Case& k, std::mt19937& gen) {
       hd[size_t(r)] = kd[size_t(r)];
     }
     std::vector<IpcError> kErr(static_cast<size_t>(W)), hErr(static_cast<size_t>(W));
+    // every kernel call profiles (QCOMM_IPC_PROFILE): the counters must not change any result
+    std::vector<std::vector<unsigned long long>> prof(
+        size_t(W), std::vector<unsigned long long>(size_t(kIpcProfileSlots), 0ull));
     std::vector<std::thread> ranks;
     for (int r = 0; r < W; ++r) {
       ranks.emplace_back([&, r]() {
         IpcTwoStepArgs a = ipcArgs(plan, r, g, kd[size_t(r)].data(), kp.data(),
                                    int64_t(120) * 1000000000, &kErr[size_t(r)]);
         a.smCount = k.blocks;
+        a.profile = prof[size_t(r)].data();
         if (gpu::ipcTwoStep(a, nullptr) != cudaSuccess) kErr[size_t(r)].code = 99;
       });
     }
     for (auto& t : ranks) t.join();
     ranks.clear();
+    for (int r = 0; r < W; ++r) {
+      // every block ran every piece once; the phases every rank passes through took some time
+      const std::vector<unsigned long long>& p = prof[size_t(r)];
+      const int64_t blocksPerPiece = std::min<int64_t>(k.blocks, g.pieceTiles * (W - 1));
+      if (p[kIpcPhases] == 0 || int64_t(p[kIpcPhases]) > blocksPerPiece * g.pieces ||
+          p[kPhaseSendEncode] == 0 || p[kPhaseSumEncode] == 0 || p[kPhaseGatherDecode] == 0) {
+        std::fprintf(stderr,
+                     "call %d rank %d: profile counters off: runs %llu (at most %lld), send %llu, "
+                     "sum %llu, gather decode %llu\n",
+                     call, r, p[kIpcPhases], (long long)(blocksPerPiece * g.pieces),
+                     p[kPhaseSendEncode], p[kPhaseSumEncode], p[kPhaseGatherDecode]);
+        return false;
+      }
+    }
     for (int r = 0; r < W; ++r) {
       ranks.emplace_back([&, r]() {
         const IpcTwoStepArgs a = ipcArgs(plan, r, g, hd[size_t(r)].data(), hp.data(),

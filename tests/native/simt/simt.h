@@ -124,3 +124,7 @@ inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned desired) {
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
   return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline long long clock64() { return static_cast<long long>(::qcomm::simt::globalTimerNs()); }
