@@ -111,7 +111,8 @@ def main() -> int:
     rows = []
     print(
         f"# {torch.cuda.get_device_name()}, {world} ranks as threads on one GPU, {args.dtype}, "
-        f"{sms // world} blocks per rank"
+        f"{sms // world} blocks per rank, tiles of "
+        f"{os.environ.get('QCOMM_IPC_TILE_ELEMS', '4096')} elements (QCOMM_IPC_TILE_ELEMS)"
     )
     print("| MiB/rank | bits | time_us | us per MiB of one rank | copy_us (W msgs) | x copy |")
     print("|---|---|---|---|---|---|")

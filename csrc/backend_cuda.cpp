@@ -59,6 +59,19 @@ int64_t ipcBufferBytes(const std::string& prefix) {
   return int64_t(mb) << 20;
 }
 
+// QCOMM_IPC_TILE_ELEMS: elements per tile of the fused two_step (default 4096).
+int64_t ipcTileElems(const std::string& prefix) {
+  const char* v = std::getenv("QCOMM_IPC_TILE_ELEMS");
+  if (!v || !*v) return kIpcTileElems;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  TORCH_CHECK_VALUE(
+      end && *end == '\0' && n >= kIpcMinTileElems && n <= kIpcMaxTileElems && (n & (n - 1)) == 0,
+      prefix, "invalid QCOMM_IPC_TILE_ELEMS '", v, "'; allowed: a power of two from ",
+      kIpcMinTileElems, " to ", kIpcMaxTileElems);
+  return int64_t(n);
+}
+
 // The NCCL transport: the algorithms over the inner backend's collectives (collective_algos.cpp)
 // with the CUDA codec kernels on `stream`. Returns the encoded bytes this rank sends (the unpadded
 // count: the all-to-all and all-gather pad units to one size).
@@ -125,10 +138,11 @@ CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
     // invalid settings still take part in the set-up (as mode "invalid"), so that every rank
     // raises instead of the others waiting for this one in the store
     std::string mode = "invalid", settingsError;
-    int64_t bufferBytes = 0;
+    int64_t bufferBytes = 0, tileElems = kIpcTileElems;
     try {
       mode = transportMode(prefix());
       bufferBytes = ipcBufferBytes(prefix());
+      tileElems = ipcTileElems(prefix());
     } catch (const c10::Error& e) {
       mode = "invalid";
       settingsError = e.what_without_backtrace();
@@ -142,8 +156,8 @@ CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
       if (mode == "ipc") mustFail = "QCOMM_TRANSPORT=ipc but " + p->note;
     } else {
       // every rank takes part, whatever its mode, so that the verdict is the same everywhere
-      p->ipc = IpcTransport::create(*store_, getRank(), getSize(), device, bufferBytes, mode,
-                                    &p->note, &mustFail);
+      p->ipc = IpcTransport::create(*store_, getRank(), getSize(), device, bufferBytes, tileElems,
+                                    mode, &p->note, &mustFail);
     }
     TORCH_CHECK_VALUE(settingsError.empty(), settingsError);
     TORCH_CHECK(mustFail.empty(), prefix(), "allreduce: ", mustFail);

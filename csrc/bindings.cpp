@@ -160,7 +160,7 @@ py::dict configToDict(const QuantConfig& c) {
 // across calls so epochs carry on). For the CPU tests.
 std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<at::Tensor> buffers,
                                    py::tuple cfg, bool average, uint32_t callSeq, int64_t timeoutMs,
-                                   std::vector<int> ranks, int blocks) {
+                                   std::vector<int> ranks, int blocks, int64_t tileElems) {
   const int world = int(inputs.size());
   TORCH_CHECK_VALUE(world >= 2 && buffers.size() == inputs.size(),
                     "ipc_two_step_emulate: one input and one buffer per rank, at least 2 ranks");
@@ -189,7 +189,7 @@ std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<a
   plan.callSeq = callSeq;
   std::string why;
   const IpcGeometry g =
-      ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world, buffers[0].numel(), &why);
+      ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world, buffers[0].numel(), &why, tileElems);
   TORCH_CHECK_VALUE(why.empty(), "ipc_two_step_emulate: ", why);
   if (ranks.empty()) {
     for (int r = 0; r < world; ++r) ranks.push_back(r);
@@ -309,17 +309,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cast_to_float", &castToFloatT, py::arg("x"));
   m.def("ipc_two_step_emulate", &ipcEmulate, py::arg("inputs"), py::arg("buffers"),
         py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,
-        py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{},
-        py::arg("blocks") = 1);
+        py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{}, py::arg("blocks") = 1,
+        py::arg("tile_elems") = kIpcTileElems);
   m.def(
       "ipc_geometry",
       [](int64_t chunkElems, int rsBits, int agBits, int groupSize, bool symmetric,
-         at::ScalarType dtype, int world, int64_t bufferBytes) {
+         at::ScalarType dtype, int world, int64_t bufferBytes, int64_t tileElems) {
         const int32_t raw = dtypeCode(dtype);
         std::string why;
-        const IpcGeometry g = ipcGeometry(
-            chunkElems, CodecSpec{rsBits, groupSize, symmetric ? 1 : 0, raw},
-            CodecSpec{agBits, groupSize, symmetric ? 1 : 0, raw}, world, bufferBytes, &why);
+        const IpcGeometry g =
+            ipcGeometry(chunkElems, CodecSpec{rsBits, groupSize, symmetric ? 1 : 0, raw},
+                        CodecSpec{agBits, groupSize, symmetric ? 1 : 0, raw}, world, bufferBytes,
+                        &why, tileElems);
         py::dict d;
         d["tile_elems"] = g.tileElems;
         d["slot_bytes"] = g.slotBytes;
@@ -332,7 +333,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return d;
       },
       py::arg("chunk_elems"), py::arg("rs_bits"), py::arg("ag_bits"), py::arg("group_size"),
-      py::arg("symmetric"), py::arg("dtype"), py::arg("world"), py::arg("buffer_bytes"));
+      py::arg("symmetric"), py::arg("dtype"), py::arg("world"), py::arg("buffer_bytes"),
+      py::arg("tile_elems") = kIpcTileElems);
   m.def("encoded_bytes", [](int64_t n, int bits, int groupSize, bool symmetric) {
     return encodedBytes(n, CodecSpec{bits, groupSize, symmetric ? 1 : 0, kFloat32});
   });

@@ -25,6 +25,7 @@ struct PeerInfo {
   char busId[32];
   char mode[8];         // its QCOMM_TRANSPORT
   int64_t bufferBytes;  // its QCOMM_IPC_BUFFER_MB, in bytes: the tiling depends on it
+  int64_t tileElems;    // its QCOMM_IPC_TILE_ELEMS: so does this
   uint64_t process;     // a random token of its process: ranks that are threads of one process
   int32_t allocated;
   int32_t pad;
@@ -81,15 +82,16 @@ std::vector<uint8_t> getFrom(c10d::Store& store, const std::string& key, int ran
 
 std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank, int world,
                                                    int device, int64_t bufferBytes,
-                                                   const std::string& mode, std::string* whyNot,
-                                                   std::string* mustFail) {
+                                                   int64_t tileElems, const std::string& mode,
+                                                   std::string* whyNot, std::string* mustFail) {
   c10::cuda::CUDAGuard guard(device);  // every allocation and mapping below is on `device`
   if (world > kIpcMaxRanks) {
     // known on every rank without asking: no store rounds (they cost world^2 reads)
     const std::string why = "more than " + std::to_string(kIpcMaxRanks) + " ranks";
     if (mustFail && (mode == "ipc" || mode == "invalid")) {
-      *mustFail = mode == "ipc" ? "QCOMM_TRANSPORT=ipc but CUDA IPC is not possible: " + why
-                                : "QCOMM_TRANSPORT or QCOMM_IPC_BUFFER_MB is invalid";
+      *mustFail = mode == "ipc"
+                      ? "QCOMM_TRANSPORT=ipc but CUDA IPC is not possible: " + why
+                      : "QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB or QCOMM_IPC_TILE_ELEMS is invalid";
     }
     if (whyNot) *whyNot = why;
     return nullptr;
@@ -99,12 +101,14 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   t->world_ = world;
   t->device_ = device;
   t->bufferBytes_ = bufferBytes;
+  t->tileElems_ = tileElems;
   std::string local;  // why this rank cannot take part ("" = it can)
 
   PeerInfo mine{};
   gethostname(mine.host, sizeof(mine.host) - 1);
   std::strncpy(mine.mode, mode.c_str(), sizeof(mine.mode) - 1);
   mine.bufferBytes = bufferBytes;
+  mine.tileElems = tileElems;
   mine.process = processToken();
   cudaDeviceGetPCIBusId(mine.busId, sizeof(mine.busId) - 1, device);
   cudaDeviceGetAttribute(&t->smCount_, cudaDevAttrMultiProcessorCount, device);
@@ -115,7 +119,8 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     if (cap >= 1 && cap < t->smCount_) t->smCount_ = cap;
   }
   if (mode == "nccl") local = "its QCOMM_TRANSPORT is nccl";
-  if (mode == "invalid") local = "its QCOMM_TRANSPORT or QCOMM_IPC_BUFFER_MB is invalid";
+  if (mode == "invalid")
+    local = "its QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB or QCOMM_IPC_TILE_ELEMS is invalid";
   if (local.empty()) {
     // every resource this rank needs, before the first round: a failure is a verdict the peers
     // share, never an exception after they have agreed
@@ -179,10 +184,13 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     if (std::strcmp(p.mode, "nccl") == 0) {
       local = who + "'s QCOMM_TRANSPORT is nccl";
     } else if (std::strcmp(p.mode, "invalid") == 0) {
-      local = who + "'s QCOMM_TRANSPORT or QCOMM_IPC_BUFFER_MB is invalid";
+      local = who + "'s QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB or QCOMM_IPC_TILE_ELEMS is invalid";
     } else if (p.bufferBytes != bufferBytes) {
       local = "QCOMM_IPC_BUFFER_MB differs: " + std::to_string(bufferBytes >> 20) + " on rank " +
               std::to_string(rank) + ", " + std::to_string(p.bufferBytes >> 20) + " on " + who;
+    } else if (p.tileElems != tileElems) {
+      local = "QCOMM_IPC_TILE_ELEMS differs: " + std::to_string(tileElems) + " on rank " +
+              std::to_string(rank) + ", " + std::to_string(p.tileElems) + " on " + who;
     } else if (!p.allocated) {
       local = who + " could not set up its buffer";
     } else if (std::strncmp(p.host, mine.host, sizeof(mine.host)) != 0) {
@@ -254,7 +262,8 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   if (mustFail) {
     if (invalid >= 0) {
       *mustFail = "rank " + std::to_string(invalid) +
-                  " has an invalid QCOMM_TRANSPORT or QCOMM_IPC_BUFFER_MB (see its error)";
+                  " has an invalid QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB or QCOMM_IPC_TILE_ELEMS "
+                  "(see its error)";
     } else if (required >= 0 && !why.empty()) {
       *mustFail = "QCOMM_TRANSPORT=ipc on rank " + std::to_string(required) +
                   " but CUDA IPC is not possible in this group: " + why;
@@ -327,7 +336,8 @@ void IpcTransport::abortPeers() {
 int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t stream,
                           std::chrono::milliseconds timeout) {
   std::string why;
-  const IpcGeometry g = ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world_, bufferBytes_, &why);
+  const IpcGeometry g =
+      ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world_, bufferBytes_, &why, tileElems_);
   TORCH_CHECK_VALUE(why.empty(), rankPrefix(rank_, world_), "allreduce: ", why);
   IpcTwoStepArgs a = ipcArgs(plan, rank_, g, data.data_ptr(), peers_,
                              int64_t(timeout.count()) * 1000000, deviceError_);

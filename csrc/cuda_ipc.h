@@ -30,8 +30,9 @@ class IpcTransport {
   // *mustFail, set when every rank must raise instead of falling back to NCCL: some rank's mode is
   // "ipc" and IPC is not possible, or some rank's settings are invalid (mode "invalid").
   static std::unique_ptr<IpcTransport> create(c10d::Store& store, int rank, int world, int device,
-                                              int64_t bufferBytes, const std::string& mode,
-                                              std::string* whyNot, std::string* mustFail);
+                                              int64_t bufferBytes, int64_t tileElems,
+                                              const std::string& mode, std::string* whyNot,
+                                              std::string* mustFail);
   ~IpcTransport();
   IpcTransport(const IpcTransport&) = delete;
   IpcTransport& operator=(const IpcTransport&) = delete;
@@ -59,6 +60,7 @@ class IpcTransport {
   void abortPeers();
   int rank_ = 0, world_ = 0, device_ = 0, smCount_ = 0;
   int64_t bufferBytes_ = 0;
+  int64_t tileElems_ = kIpcTileElems;  // QCOMM_IPC_TILE_ELEMS, the same on every rank
   uint8_t* own_ = nullptr;
   uint8_t* peers_[kIpcMaxRanks] = {};  // mapped (own_ at rank_)
   bool opened_[kIpcMaxRanks] = {};     // mapped through cudaIpcOpenMemHandle (to close)

@@ -6,10 +6,10 @@
 namespace qcomm {
 
 IpcGeometry ipcGeometry(int64_t chunkElems, const CodecSpec& rs, const CodecSpec& ag, int world,
-                        int64_t bufferBytes, std::string* error) {
+                        int64_t bufferBytes, std::string* error, int64_t tileElems) {
   IpcGeometry g;
   std::string why;
-  g.tileElems = std::max<int64_t>(1, std::min<int64_t>(kIpcTileElems, chunkElems));
+  g.tileElems = std::max<int64_t>(1, std::min<int64_t>(tileElems, chunkElems));
   g.slotBytes = alignUp16(std::max(encodedBytes(g.tileElems, rs), encodedBytes(g.tileElems, ag)));
   g.tilesPerChunk = (chunkElems + g.tileElems - 1) / g.tileElems;
   const int64_t data = bufferBytes - kIpcDataOffset;
@@ -21,7 +21,7 @@ IpcGeometry ipcGeometry(int64_t chunkElems, const CodecSpec& rs, const CodecSpec
     why = "the CUDA-IPC buffer (" + std::to_string(bufferBytes) +
           " bytes) cannot hold one tile per rank (" +
           std::to_string(kIpcDataOffset + 2 * int64_t(world) * g.slotBytes) +
-          " bytes needed); raise QCOMM_IPC_BUFFER_MB";
+          " bytes needed); raise QCOMM_IPC_BUFFER_MB or lower QCOMM_IPC_TILE_ELEMS";
     g.pieceTiles = 0;
   }
   g.pieces = why.empty() ? (g.tilesPerChunk + g.pieceTiles - 1) / g.pieceTiles : 0;

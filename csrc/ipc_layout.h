@@ -35,8 +35,11 @@ constexpr int64_t kIpcAbortOffset = 64;
 // the word a rank's first error claims (in device memory: atomics on host-mapped memory are not
 // atomic everywhere) before it writes the record to host-mapped memory
 constexpr int64_t kIpcErrorClaimOffset = 128;
-// Elements per tile, before clipping to the chunk: a multiple of every group size (32..1024).
+// Elements per tile, before clipping to the chunk (QCOMM_IPC_TILE_ELEMS): a power of two in
+// [kIpcMinTileElems, kIpcMaxTileElems], so a multiple of every group size (32..1024).
 constexpr int64_t kIpcTileElems = 4096;
+constexpr int64_t kIpcMinTileElems = 1024;
+constexpr int64_t kIpcMaxTileElems = 65536;
 
 struct IpcGeometry {
   int64_t tileElems = 0;  // elements per tile (the last tile of a chunk may be shorter)
@@ -50,7 +53,7 @@ struct IpcGeometry {
 // cannot run (too many ranks, a buffer that holds not even one tile per rank) `pieces` is 0 and
 // *error says why. (Plain data: the geometry travels to the kernel as an argument.)
 IpcGeometry ipcGeometry(int64_t chunkElems, const CodecSpec& rs, const CodecSpec& ag, int world,
-                        int64_t bufferBytes, std::string* error);
+                        int64_t bufferBytes, std::string* error, int64_t tileElems = kIpcTileElems);
 
 // Tiles of each chunk in piece p (host and device).
 QCOMM_HD int64_t pieceSlots(const IpcGeometry& g, int64_t piece) {

@@ -138,9 +138,13 @@ run_step 90 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
   --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
 
-step "fused CUDA-IPC two_step profiled: where its blocks spend their time (QCOMM_IPC_PROFILE=1)"
-run_step 45 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
-  "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 --profile
+# the default tiling, then tiles 4x larger (QCOMM_IPC_TILE_ELEMS): a quarter of the flags, fences
+# and barriers per byte
+for TILE in 4096 16384; do
+  step "fused CUDA-IPC two_step profiled (QCOMM_IPC_PROFILE=1), tiles of $TILE elements"
+  run_step 45 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS=$TILE \
+    "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64 --profile
+done
 
 step "tests: IPC set-up agreement across ranks, calls on different streams"
 run_step 120 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "$EXTRA" tests/test_cuda_allreduce.py

@@ -40,13 +40,18 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 @pytest.mark.parametrize("world", [2, 3, 8])
 @pytest.mark.parametrize("bits", [(8, 8), (4, 4), (0, 8), (8, 0)])
-def test_ipc_geometry_covers_every_tile_within_the_buffer(world, bits):
+@pytest.mark.parametrize("tile", [1024, 4096, 65536])
+def test_ipc_geometry_covers_every_tile_within_the_buffer(world, bits, tile):
     for chunk, buffer_mb in itertools.product([128, 4096, 4096 * 7 + 128, 2**22], [1, 32]):
         g = qcomm._C.ipc_geometry(
-            chunk, bits[0], bits[1], 128, False, torch.bfloat16, world, buffer_mb << 20
+            chunk, bits[0], bits[1], 128, False, torch.bfloat16, world, buffer_mb << 20, tile
         )
+        if g["data_offset"] + 2 * world * g["slot_bytes"] > buffer_mb << 20:
+            # not one tile per rank fits: refused, naming both settings
+            assert g["pieces"] == 0 and "QCOMM_IPC_TILE_ELEMS" in g["error"], g
+            continue
         assert g["error"] == "", g
-        assert g["tile_elems"] % 128 == 0 and g["tile_elems"] <= 4096
+        assert g["tile_elems"] % 128 == 0 and g["tile_elems"] <= tile
         assert g["tiles_per_chunk"] * g["tile_elems"] >= chunk
         assert (g["tiles_per_chunk"] - 1) * g["tile_elems"] < chunk
         assert 1 <= g["piece_tiles"] <= g["max_slots"]
@@ -93,10 +98,14 @@ def _buffers(world, mib=32):
     return [torch.zeros(mib << 20, dtype=torch.uint8) for _ in range(world)]
 
 
-def _emulate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0, blocks=1):
+def _emulate(
+    xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0, blocks=1, tile=4096
+):
     cfg = _two_step(rs, ag, symmetric, stochastic)
     outs = [x.clone() for x in xs]
-    qcomm._C.ipc_two_step_emulate(outs, bufs, cfg.as_tuple(), average, seq, blocks=blocks)
+    qcomm._C.ipc_two_step_emulate(
+        outs, bufs, cfg.as_tuple(), average, seq, blocks=blocks, tile_elems=tile
+    )
     return outs
 
 
@@ -116,6 +125,25 @@ def test_ipc_protocol_emulated_matches_the_reference(world):
                     f"rs={rs} ag={ag} {dtype} n={numel} avg={avg} rank {r}: "
                     f"{int((o != want).sum())} elements differ"
                 )
+    assert not problems, "\n".join(problems[:20])
+
+
+@pytest.mark.parametrize("tile", [1024, 16384])
+def test_ipc_protocol_emulated_with_other_tile_sizes(tile):
+    # QCOMM_IPC_TILE_ELEMS: the same results, bit for bit, whatever the tiling (a 1 MiB buffer:
+    # pieces too)
+    world = 3
+    bufs = _buffers(world, mib=1)
+    problems = []
+    for i, ((rs, ag), dtype, numel) in enumerate(itertools.product(BITS, DTYPES, [1000, 200003])):
+        xs = _inputs(world, numel, dtype, 50 + i)
+        outs = _emulate(xs, bufs, rs, ag, average=i % 2 == 1, blocks=2, tile=tile)
+        want = ref.allreduce(xs, "two_step", rs, ag, average=i % 2 == 1).out
+        problems += [
+            f"rs={rs} ag={ag} {dtype} n={numel} rank {r}"
+            for r, o in enumerate(outs)
+            if not _same_bits(o, want)
+        ]
     assert not problems, "\n".join(problems[:20])
 
 
@@ -290,8 +318,14 @@ def _pieces_worker(rank, world):
 
 
 @gpu
-def test_ipc_message_larger_than_the_buffer_runs_in_pieces():
-    env = {**ENV, "QCOMM_IPC_BUFFER_MB": "1", "QCOMM_IPC_PROFILE": "1"}
+@pytest.mark.parametrize("tile", ["4096", "16384"])
+def test_ipc_message_larger_than_the_buffer_runs_in_pieces(tile):
+    env = {
+        **ENV,
+        "QCOMM_IPC_BUFFER_MB": "1",
+        "QCOMM_IPC_PROFILE": "1",
+        "QCOMM_IPC_TILE_ELEMS": tile,
+    }
     _assert_no_problems(_pieces_worker, 2, timeout=300, env=env)
 
 
@@ -416,6 +450,19 @@ def test_ipc_setup_agrees_on_settings_or_fails_on_every_rank():
     got = run_ranks(_setup_worker, 2, [{}, {"QCOMM_IPC_BUFFER_MB": "lots"}], timeout=180, env=ENV)
     assert "ValueError" in got[1]["raised"] and "QCOMM_IPC_BUFFER_MB" in got[1]["raised"], got
     assert "rank 1 has an invalid" in got[0]["raised"], got
+    # the tile size, likewise: different on two ranks is refused by both, invalid raises on both
+    got = run_ranks(
+        _setup_worker,
+        2,
+        [{"QCOMM_IPC_TILE_ELEMS": "4096"}, {"QCOMM_IPC_TILE_ELEMS": "8192"}],
+        timeout=180,
+        env=ENV,
+    )
+    for g in got:
+        assert g["transport"] == "nccl" and "QCOMM_IPC_TILE_ELEMS differs" in g["note"], got
+    got = run_ranks(_setup_worker, 2, [{"QCOMM_IPC_TILE_ELEMS": "3000"}, {}], timeout=180, env=ENV)
+    assert "ValueError" in got[0]["raised"] and "QCOMM_IPC_TILE_ELEMS" in got[0]["raised"], got
+    assert "rank 0 has an invalid" in got[1]["raised"], got
 
 
 def _graph_worker(rank, world, replays):

@@ -65,7 +65,7 @@ def test_codec_kernels_match_cpu_codec_under_emulation(build_dir):
 def test_fused_two_step_kernel_matches_host_emulation(build_dir):
     rc, out = _run("ipc", build_dir)
     assert rc == 0, out[-4000:]
-    assert out.count("identical to the host emulation") == 8, out[-4000:]  # 7 cases + summary
+    assert out.count("identical to the host emulation") == 10, out[-4000:]  # 9 cases + summary
     assert "every present rank gave up" in out, out[-4000:]
     assert "simt:" not in out, out[-4000:]
 
@@ -86,4 +86,4 @@ def test_fused_two_step_kernel_has_no_data_race(build_dir):
     # Removing either __syncwarp of DeviceExec::sumEncode makes it report one.
     rc, out = _run("ipc", build_dir, "--quick", tsan=True)
     assert rc == 0 and "ThreadSanitizer" not in out, out[-4000:]
-    assert out.count("identical to the host emulation") == 4, out[-4000:]  # 3 cases + summary
+    assert out.count("identical to the host emulation") == 5, out[-4000:]  # 4 cases + summary

@@ -36,6 +36,7 @@ struct Case {
   int groupSize;
   int64_t dataBytes;  // the buffer's data region: small, so a call takes several pieces
   int calls;
+  int64_t tileElems = kIpcTileElems;  // QCOMM_IPC_TILE_ELEMS
 };
 
 using Buffers = std::vector<std::vector<uint8_t>>;
@@ -85,7 +86,8 @@ bool runCase(const Case& k, std::mt19937& gen) {
   for (int call = 0; call < k.calls; ++call) {
     const Plan plan = planFor(k, call);
     std::string why;
-    const IpcGeometry g = ipcGeometry(plan.chunkElems, plan.rs, plan.ag, W, bufferBytes, &why);
+    const IpcGeometry g =
+        ipcGeometry(plan.chunkElems, plan.rs, plan.ag, W, bufferBytes, &why, k.tileElems);
     if (!why.empty() || g.pieces < 1) {
       std::fprintf(stderr, "geometry: %s\n", why.c_str());
       return false;
@@ -163,11 +165,11 @@ bool runCase(const Case& k, std::mt19937& gen) {
     }
   }
   std::printf(
-      "W=%d blocks=%d %s numel=%lld rs=%d ag=%d sym=%d stochastic=%d avg=%d group=%d: %d calls, "
-      "%lld pieces each, epoch %u: identical to the host emulation\n",
+      "W=%d blocks=%d %s numel=%lld rs=%d ag=%d sym=%d stochastic=%d avg=%d group=%d tile=%lld: "
+      "%d calls, %lld pieces each, epoch %u: identical to the host emulation\n",
       W, k.blocks, k.dtype == kFloat32 ? "f32" : (k.dtype == kFloat16 ? "f16" : "bf16"),
       (long long)k.numel, k.rsBits, k.agBits, int(k.symmetric), int(k.stochastic), int(k.average),
-      k.groupSize, k.calls, (long long)pieces, epochWord(kernelBufs[0]));
+      k.groupSize, (long long)k.tileElems, k.calls, (long long)pieces, epochWord(kernelBufs[0]));
   return true;
 }
 
@@ -231,12 +233,14 @@ int main(int argc, char** argv) {
       {2, 2, kFloat32, 70001, 8, 8, false, false, false, 128, 64 << 10, 3},
       {4, 3, kBFloat16, 60000, 4, 8, true, false, false, 128, 64 << 10, 2},
       {3, 1, kFloat16, 25003, 8, 4, false, true, true, 64, 128 << 10, 2},
+      {2, 3, kFloat32, 90001, 8, 8, false, false, false, 128, 256 << 10, 2, 16384},
   };
   if (!quick) {
     cases.push_back({5, 2, kFloat32, 41000, 8, 0, false, false, false, 1024, 256 << 10, 2});
     cases.push_back({8, 1, kBFloat16, 33000, 8, 8, true, false, false, 32, 256 << 10, 2});
     cases.push_back({2, 4, kFloat32, 1000, 4, 4, false, false, true, 256, 64 << 10, 2});
     cases.push_back({3, 2, kBFloat16, 30000, 0, 8, false, false, false, 128, 256 << 10, 2});
+    cases.push_back({4, 2, kBFloat16, 30001, 4, 4, true, false, true, 1024, 64 << 10, 2, 1024});
   }
   for (const Case& k : cases) {
     if (!runCase(k, gen)) return 1;
