@@ -424,18 +424,17 @@ def _setup_worker(rank, world, settings):
 
 @gpu
 def test_ipc_setup_agrees_on_settings_or_fails_on_every_rank():
-    # different buffer sizes: the tiling would differ, so IPC is refused on every rank, naming it
-    got = run_ranks(
-        _setup_worker,
-        2,
-        [{"QCOMM_IPC_BUFFER_MB": "1"}, {"QCOMM_IPC_BUFFER_MB": "2"}],
-        timeout=180,
-        env=ENV,
-    )
-    for g in got:
-        assert g["transport"] == "nccl" and "QCOMM_IPC_BUFFER_MB differs" in g["note"], got
-        # then NCCL runs it, and NCCL refuses two ranks on one GPU: that, or nothing, is raised
-        assert not g["raised"] or "nccl" in g["raised"].lower(), got
+    # settings the tiling depends on, different on two ranks: IPC is refused on every rank,
+    # naming the setting
+    for name, values in [
+        ("QCOMM_IPC_BUFFER_MB", ("1", "2")),
+        ("QCOMM_IPC_TILE_ELEMS", ("4096", "8192")),
+    ]:
+        got = run_ranks(_setup_worker, 2, [{name: v} for v in values], timeout=180, env=ENV)
+        for g in got:
+            assert g["transport"] == "nccl" and f"{name} differs" in g["note"], got
+            # then NCCL runs it, and NCCL refuses two ranks on one GPU: that, or nothing, is raised
+            assert not g["raised"] or "nccl" in g["raised"].lower(), got
     # IPC required on one rank and impossible: every rank raises (no rank waits for the other)
     got = run_ranks(
         _setup_worker,
@@ -447,22 +446,10 @@ def test_ipc_setup_agrees_on_settings_or_fails_on_every_rank():
     for g in got:
         assert "QCOMM_TRANSPORT=ipc on rank 0" in g["raised"], got
     # an invalid setting on one rank: it raises a ValueError naming it, the other raises too
-    got = run_ranks(_setup_worker, 2, [{}, {"QCOMM_IPC_BUFFER_MB": "lots"}], timeout=180, env=ENV)
-    assert "ValueError" in got[1]["raised"] and "QCOMM_IPC_BUFFER_MB" in got[1]["raised"], got
-    assert "rank 1 has an invalid" in got[0]["raised"], got
-    # the tile size, likewise: different on two ranks is refused by both, invalid raises on both
-    got = run_ranks(
-        _setup_worker,
-        2,
-        [{"QCOMM_IPC_TILE_ELEMS": "4096"}, {"QCOMM_IPC_TILE_ELEMS": "8192"}],
-        timeout=180,
-        env=ENV,
-    )
-    for g in got:
-        assert g["transport"] == "nccl" and "QCOMM_IPC_TILE_ELEMS differs" in g["note"], got
-    got = run_ranks(_setup_worker, 2, [{"QCOMM_IPC_TILE_ELEMS": "3000"}, {}], timeout=180, env=ENV)
-    assert "ValueError" in got[0]["raised"] and "QCOMM_IPC_TILE_ELEMS" in got[0]["raised"], got
-    assert "rank 0 has an invalid" in got[1]["raised"], got
+    for name, value in [("QCOMM_IPC_BUFFER_MB", "lots"), ("QCOMM_IPC_TILE_ELEMS", "3000")]:
+        got = run_ranks(_setup_worker, 2, [{}, {name: value}], timeout=180, env=ENV)
+        assert "ValueError" in got[1]["raised"] and name in got[1]["raised"], got
+        assert "rank 1 has an invalid" in got[0]["raised"], got
 
 
 def _graph_worker(rank, world, replays):
