@@ -11,8 +11,9 @@ device copy of the same bytes (time for W copies of the message); the cost model
     python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64,256 --csv out.csv
     python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 --profile
 
---profile (QCOMM_IPC_PROFILE=1) also prints where rank 0's kernel blocks spent their time in the
-timed calls: each phase's share of the cycles summed over blocks, and cycles per block-piece.
+--profile (QCOMM_IPC_PROFILE=1) also prints where rank 0's kernel spent its time in the timed
+calls: each phase's share of the cycles summed over task groups (QCOMM_IPC_TASK_WARPS warps of a
+block each; default the whole block), and cycles per task group and piece.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import qcomm  # noqa: E402
 
 
 def print_profile(after: list, before: list, what: str) -> None:
-    """Each phase's share of the cycles rank 0's blocks spent in the timed calls."""
+    """Each phase's share of the cycles rank 0's task groups spent in the timed calls."""
     if not after or len(before) != len(after):
         print(f"# profile {what}: none (QCOMM_IPC_PROFILE was not on at set-up)")
         return
@@ -41,7 +42,8 @@ def print_profile(after: list, before: list, what: str) -> None:
     runs = delta.pop("runs")
     total = sum(delta.values()) or 1
     shares = ", ".join(f"{name} {100 * v / total:.0f}%" for name, v in delta.items())
-    print(f"# profile {what}, rank 0: {total / max(runs, 1):.0f} cycles per block-piece; {shares}")
+    per = total / max(runs, 1)
+    print(f"# profile {what}, rank 0: {per:.0f} cycles per task group and piece; {shares}")
 
 
 def main() -> int:
@@ -112,7 +114,9 @@ def main() -> int:
     print(
         f"# {torch.cuda.get_device_name()}, {world} ranks as threads on one GPU, {args.dtype}, "
         f"{sms // world} blocks per rank, tiles of "
-        f"{os.environ.get('QCOMM_IPC_TILE_ELEMS', '4096')} elements (QCOMM_IPC_TILE_ELEMS)"
+        f"{os.environ.get('QCOMM_IPC_TILE_ELEMS', '4096')} elements (QCOMM_IPC_TILE_ELEMS), "
+        f"task groups of {os.environ.get('QCOMM_IPC_TASK_WARPS', '8')} warps "
+        "(QCOMM_IPC_TASK_WARPS)"
     )
     print("| MiB/rank | bits | time_us | us per MiB of one rank | copy_us (W msgs) | x copy |")
     print("|---|---|---|---|---|---|")

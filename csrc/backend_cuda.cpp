@@ -72,6 +72,18 @@ int64_t ipcTileElems(const std::string& prefix) {
   return int64_t(n);
 }
 
+// QCOMM_IPC_TASK_WARPS: warps per task group of the fused kernel (1, 2, 4 or 8; default 8, the
+// whole block). A local launch shape: ranks may differ, the results do not depend on it.
+int ipcTaskWarps(const std::string& prefix) {
+  const char* v = std::getenv("QCOMM_IPC_TASK_WARPS");
+  if (!v || !*v) return kIpcBlockWarps;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  TORCH_CHECK_VALUE(end && *end == '\0' && (n == 1 || n == 2 || n == 4 || n == 8), prefix,
+                    "invalid QCOMM_IPC_TASK_WARPS '", v, "'; allowed: 1, 2, 4 or 8");
+  return int(n);
+}
+
 // The NCCL transport: the algorithms over the inner backend's collectives (collective_algos.cpp)
 // with the CUDA codec kernels on `stream`. Returns the encoded bytes this rank sends (the unpadded
 // count: the all-to-all and all-gather pad units to one size).
@@ -139,10 +151,12 @@ CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
     // raises instead of the others waiting for this one in the store
     std::string mode = "invalid", settingsError;
     int64_t bufferBytes = 0, tileElems = kIpcTileElems;
+    int taskWarps = kIpcBlockWarps;
     try {
       mode = transportMode(prefix());
       bufferBytes = ipcBufferBytes(prefix());
       tileElems = ipcTileElems(prefix());
+      taskWarps = ipcTaskWarps(prefix());
     } catch (const c10::Error& e) {
       mode = "invalid";
       settingsError = e.what_without_backtrace();
@@ -158,6 +172,7 @@ CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
       // every rank takes part, whatever its mode, so that the verdict is the same everywhere
       p->ipc = IpcTransport::create(*store_, getRank(), getSize(), device, bufferBytes, tileElems,
                                     mode, &p->note, &mustFail);
+      if (p->ipc) p->ipc->setTaskWarps(taskWarps);
     }
     TORCH_CHECK_VALUE(settingsError.empty(), settingsError);
     TORCH_CHECK(mustFail.empty(), prefix(), "allreduce: ", mustFail);

@@ -19,6 +19,10 @@
 namespace qcomm {
 namespace {
 
+// The settings whose invalid value makes a rank's mode "invalid" (backend_cuda.cpp).
+constexpr const char* kSettings =
+    "QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB, QCOMM_IPC_TILE_ELEMS or QCOMM_IPC_TASK_WARPS";
+
 // What each rank publishes under qcomm_ipc/info/<rank>.
 struct PeerInfo {
   char host[64];
@@ -89,9 +93,8 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     // known on every rank without asking: no store rounds (they cost world^2 reads)
     const std::string why = "more than " + std::to_string(kIpcMaxRanks) + " ranks";
     if (mustFail && (mode == "ipc" || mode == "invalid")) {
-      *mustFail = mode == "ipc"
-                      ? "QCOMM_TRANSPORT=ipc but CUDA IPC is not possible: " + why
-                      : "QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB or QCOMM_IPC_TILE_ELEMS is invalid";
+      *mustFail = mode == "ipc" ? "QCOMM_TRANSPORT=ipc but CUDA IPC is not possible: " + why
+                                : std::string(kSettings) + " is invalid";
     }
     if (whyNot) *whyNot = why;
     return nullptr;
@@ -119,8 +122,7 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     if (cap >= 1 && cap < t->smCount_) t->smCount_ = cap;
   }
   if (mode == "nccl") local = "its QCOMM_TRANSPORT is nccl";
-  if (mode == "invalid")
-    local = "its QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB or QCOMM_IPC_TILE_ELEMS is invalid";
+  if (mode == "invalid") local = std::string("its ") + kSettings + " is invalid";
   if (local.empty()) {
     // every resource this rank needs, before the first round: a failure is a verdict the peers
     // share, never an exception after they have agreed
@@ -184,7 +186,7 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     if (std::strcmp(p.mode, "nccl") == 0) {
       local = who + "'s QCOMM_TRANSPORT is nccl";
     } else if (std::strcmp(p.mode, "invalid") == 0) {
-      local = who + "'s QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB or QCOMM_IPC_TILE_ELEMS is invalid";
+      local = who + "'s " + kSettings + " is invalid";
     } else if (p.bufferBytes != bufferBytes) {
       local = "QCOMM_IPC_BUFFER_MB differs: " + std::to_string(bufferBytes >> 20) + " on rank " +
               std::to_string(rank) + ", " + std::to_string(p.bufferBytes >> 20) + " on " + who;
@@ -261,9 +263,8 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   }
   if (mustFail) {
     if (invalid >= 0) {
-      *mustFail = "rank " + std::to_string(invalid) +
-                  " has an invalid QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB or QCOMM_IPC_TILE_ELEMS "
-                  "(see its error)";
+      *mustFail =
+          "rank " + std::to_string(invalid) + " has an invalid " + kSettings + " (see its error)";
     } else if (required >= 0 && !why.empty()) {
       *mustFail = "QCOMM_TRANSPORT=ipc on rank " + std::to_string(required) +
                   " but CUDA IPC is not possible in this group: " + why;
@@ -342,6 +343,7 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
   IpcTwoStepArgs a = ipcArgs(plan, rank_, g, data.data_ptr(), peers_,
                              int64_t(timeout.count()) * 1000000, deviceError_);
   a.smCount = smCount_;
+  a.taskWarps = taskWarps_;
   a.profile = deviceProfile_;
   // QCOMM_IPC_SPIN_TIMEOUT_MS lowers the bound of the kernel's spins below the group's timeout
   // (tests and checks that must fail fast rather than wait the default 30 minutes)

@@ -47,6 +47,8 @@ class IpcTransport {
   // synchronizes.
   void checkError(const std::string& prefix) const;
   int64_t bufferBytes() const { return bufferBytes_; }
+  // QCOMM_IPC_TASK_WARPS (1, 2, 4 or 8): the fused kernel's warps per task group, from now on.
+  void setTaskWarps(int warps) { taskWarps_ = warps; }
   // With QCOMM_IPC_PROFILE=1 at set-up: the kernel's per-phase cycle counters since set-up
   // (kIpcProfileSlots values, see IpcTwoStepArgs::profile), read without a sync (the caller
   // synchronizes first for final values); empty without it.
@@ -61,6 +63,7 @@ class IpcTransport {
   int rank_ = 0, world_ = 0, device_ = 0, smCount_ = 0;
   int64_t bufferBytes_ = 0;
   int64_t tileElems_ = kIpcTileElems;  // QCOMM_IPC_TILE_ELEMS, the same on every rank
+  int taskWarps_ = kIpcBlockWarps;     // QCOMM_IPC_TASK_WARPS (local)
   uint8_t* own_ = nullptr;
   uint8_t* peers_[kIpcMaxRanks] = {};  // mapped (own_ at rank_)
   bool opened_[kIpcMaxRanks] = {};     // mapped through cudaIpcOpenMemHandle (to close)

@@ -47,6 +47,7 @@ IpcTwoStepArgs ipcArgs(const Plan& plan, int rank, const IpcGeometry& g, void* d
   a.geometry = g;
   a.timeoutNs = timeoutNs;
   a.hostError = error;
+  a.taskWarps = kIpcBlockWarps;
   return a;
 }
 

@@ -39,6 +39,8 @@ constexpr int64_t kIpcErrorClaimOffset = 128;
 // [kIpcMinTileElems, kIpcMaxTileElems], so a multiple of every group size (32..1024).
 constexpr int64_t kIpcTileElems = 4096;
 constexpr int64_t kIpcMinTileElems = 1024;
+// Warps in a block of the fused kernel, and so the most (and default) warps per task group.
+constexpr int kIpcBlockWarps = 8;
 constexpr int64_t kIpcMaxTileElems = 65536;
 
 struct IpcGeometry {
@@ -85,6 +87,11 @@ struct IpcTwoStepArgs {
   int64_t timeoutNs;    // bound on every spin
   IpcError* hostError;  // host-mapped
   int smCount;
+  // QCOMM_IPC_TASK_WARPS: the warps of a block that take a task together (1, 2, 4 or 8 = the
+  // whole block). Below 8, a block runs 8 / taskWarps independent task groups, each with its own
+  // barrier, so that one group's memory round trips, fences and waits overlap the others' work.
+  // A local launch shape: the results do not depend on it.
+  int taskWarps;
   // QCOMM_IPC_PROFILE: null, or kIpcProfileSlots host-mapped counters: per phase of the protocol
   // (ipc_protocol.h, IpcPhase) the clock cycles its blocks spent there, summed over blocks, then
   // the number of (block, piece) runs

@@ -318,13 +318,18 @@ def _pieces_worker(rank, world):
 
 
 @gpu
-@pytest.mark.parametrize("tile", ["4096", "16384"])
-def test_ipc_message_larger_than_the_buffer_runs_in_pieces(tile):
+# tiles (QCOMM_IPC_TILE_ELEMS) and task groups (QCOMM_IPC_TASK_WARPS: 8 is one group per block,
+# the default; 1 and 2 take __syncwarp and named barriers): the same bits whatever the shape
+@pytest.mark.parametrize(
+    ("tile", "task_warps"), [("4096", "8"), ("16384", "8"), ("4096", "1"), ("16384", "2")]
+)
+def test_ipc_message_larger_than_the_buffer_runs_in_pieces(tile, task_warps):
     env = {
         **ENV,
         "QCOMM_IPC_BUFFER_MB": "1",
         "QCOMM_IPC_PROFILE": "1",
         "QCOMM_IPC_TILE_ELEMS": tile,
+        "QCOMM_IPC_TASK_WARPS": task_warps,
     }
     _assert_no_problems(_pieces_worker, 2, timeout=300, env=env)
 
@@ -446,7 +451,11 @@ def test_ipc_setup_agrees_on_settings_or_fails_on_every_rank():
     for g in got:
         assert "QCOMM_TRANSPORT=ipc on rank 0" in g["raised"], got
     # an invalid setting on one rank: it raises a ValueError naming it, the other raises too
-    for name, value in [("QCOMM_IPC_BUFFER_MB", "lots"), ("QCOMM_IPC_TILE_ELEMS", "3000")]:
+    for name, value in [
+        ("QCOMM_IPC_BUFFER_MB", "lots"),
+        ("QCOMM_IPC_TILE_ELEMS", "3000"),
+        ("QCOMM_IPC_TASK_WARPS", "3"),
+    ]:
         got = run_ranks(_setup_worker, 2, [{}, {name: value}], timeout=180, env=ENV)
         assert "ValueError" in got[1]["raised"] and name in got[1]["raised"], got
         assert "rank 1 has an invalid" in got[0]["raised"], got

@@ -48,6 +48,7 @@ def test_emulator_runs_known_kernels(build_dir):
         ("divergent", "meet at different warp operations"),
         ("exit", "warp operation with exited lanes"),
         ("deadlock", "waits at a barrier that cannot complete"),
+        ("named", "meet at one named barrier with different counts"),
     ],
 )
 def test_emulator_refuses_what_a_gpu_would_hang_or_corrupt_on(build_dir, bug, message):
@@ -65,7 +66,10 @@ def test_codec_kernels_match_cpu_codec_under_emulation(build_dir):
 def test_fused_two_step_kernel_matches_host_emulation(build_dir):
     rc, out = _run("ipc", build_dir)
     assert rc == 0, out[-4000:]
-    assert out.count("identical to the host emulation") == 10, out[-4000:]  # 9 cases + summary
+    assert out.count("identical to the host emulation") == 13, out[-4000:]  # 12 cases + summary
+    # task groups of 1, 2 and 4 warps (QCOMM_IPC_TASK_WARPS): __syncwarp and named barriers
+    for tw in (1, 2, 4):
+        assert f"task_warps={tw} " in out, out[-4000:]
     assert "every present rank gave up" in out, out[-4000:]
     assert "simt:" not in out, out[-4000:]
 
@@ -83,7 +87,10 @@ def test_emulator_under_tsan_reports_a_missing_barrier(build_dir):
 def test_fused_two_step_kernel_has_no_data_race(build_dir):
     # W ranks x B blocks x 256 threads: a race between threads of one block (a missing
     # __syncwarp or __syncthreads) or between ranks (a flag that does not order a slot) fails it.
-    # Removing either __syncwarp of DeviceExec::sumEncode makes it report one.
+    # Removing either __syncwarp of DeviceExec::sumEncode makes it report one, as does removing
+    # the __syncwarp or the named barrier of a task group of one or two warps
+    # (DeviceExec::barrier).
     rc, out = _run("ipc", build_dir, "--quick", tsan=True)
     assert rc == 0 and "ThreadSanitizer" not in out, out[-4000:]
-    assert out.count("identical to the host emulation") == 5, out[-4000:]  # 4 cases + summary
+    assert out.count("identical to the host emulation") == 7, out[-4000:]  # 6 cases + summary
+    assert "task_warps=1 " in out and "task_warps=2 " in out, out[-4000:]

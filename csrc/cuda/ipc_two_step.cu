@@ -1,8 +1,11 @@
 // The fused, persistent two_step over CUDA IPC (Flash Communication's two steps in one kernel).
 //
 // Each launch handles one piece (csrc/ipc_layout.h) with a grid of at most one block per SM, so
-// every block is resident and no block ever waits for another block of its own launch. A block
-// takes tasks in three phases, in this order:
+// every block is resident and no block ever waits for another block of its own launch. A block's
+// 8 warps form 8 / taskWarps task groups (QCOMM_IPC_TASK_WARPS; default one group of 8), each
+// with its own barrier (__syncthreads, a named barrier, or __syncwarp for one warp), so that the
+// groups of one block progress independently. A task group takes tasks in three phases, in this
+// order:
 //   A. reduce sends: tile t of chunk c (every c != rank, peers in rotated order rank+1, ...) is
 //      encoded with the reduce codec straight into rank c's buffer, slot [rank][t]; then a
 //      release store of the piece's epoch into rank c's reduce flag [rank][t];
@@ -38,13 +41,35 @@ using ipc::word;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
+static_assert(kWarps == kIpcBlockWarps, "the block's warps are ipc_layout.h's");
 
 #if defined(QCOMM_SIMT)
 // the SIMT emulator of the CPU tests: the same orderings as C++ atomics
 using simt::globalTimerNs;
 using simt::loadAcquire;
+using simt::namedBarrier;
 using simt::storeRelease;
 #else
+// A named barrier (1..4: the task groups of 2 or 4 warps) with a thread count: the `threads`
+// threads (whole warps) that use `id` wait for each other, with __syncthreads' memory ordering
+// among them. barrier.sync, not bar.sync (= barrier.sync.aligned): a warp may arrive diverged
+// (its leader back from a spin). Literal ids, so that 5 of the 16 hardware barriers are reserved.
+__device__ __forceinline__ void namedBarrier(int id, int threads) {
+  switch (id) {
+    case 1:
+      asm volatile("barrier.sync 1, %0;" ::"r"(threads) : "memory");
+      break;
+    case 2:
+      asm volatile("barrier.sync 2, %0;" ::"r"(threads) : "memory");
+      break;
+    case 3:
+      asm volatile("barrier.sync 3, %0;" ::"r"(threads) : "memory");
+      break;
+    default:
+      asm volatile("barrier.sync 4, %0;" ::"r"(threads) : "memory");
+  }
+}
+
 __device__ __forceinline__ uint32_t loadAcquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -104,25 +129,38 @@ __device__ void encodeGroup(const CodecSpec& c, int64_t n, int64_t gi, uint8_t* 
   });
 }
 
-// The protocol's executor on the GPU: one block, its warps encode groups, thread 0 spins.
+// The protocol's executor on the GPU: one task group (taskWarps warps of a block), its warps
+// encode groups, its first thread spins.
 template <class T>
 struct DeviceExec {
   const IpcTwoStepArgs& a;
-  float* sums;  // shared memory, one group per warp
-  int* giveUp;  // shared memory
+  float* sums;    // shared memory, one codec group per warp of the block
+  int* giveUp;    // shared memory, this task group's word
+  int tid;        // thread index within the task group
+  int threads;    // threads of the task group (whole warps)
+  int barrierId;  // the task group's named barrier, when it is neither the block nor one warp
 
   // an acquire load: the previous launch's advanceEpoch wrote it, and no stale cached copy may
   // stand in for it
   __device__ uint32_t epochBase() const {
     return loadAcquire(word(a.buffers[a.rank], kIpcEpochOffset));
   }
-  __device__ void barrier() const { __syncthreads(); }
+  __device__ void barrier() const {
+    if (threads == kThreads) {
+      __syncthreads();
+    } else if (threads == kWarp) {
+      __syncwarp();
+    } else {
+      namedBarrier(barrierId, threads);
+    }
+  }
 
-  // QCOMM_IPC_PROFILE: thread 0 adds the cycles since its previous mark to the phase's counter
-  // (host-mapped; the block's other threads have passed the same barrier, or are about to).
+  // QCOMM_IPC_PROFILE: the group's first thread adds the cycles since its previous mark to the
+  // phase's counter (host-mapped; the group's other threads have passed the same barrier, or are
+  // about to).
   mutable long long lastMark = 0;
   __device__ void mark(int phase) const {
-    if (a.profile == nullptr || threadIdx.x != 0) return;
+    if (a.profile == nullptr || tid != 0) return;
     const long long now = clock64();
     if (phase >= 0) {
       atomicAdd(a.profile + phase, static_cast<unsigned long long>(now - lastMark));
@@ -131,7 +169,7 @@ struct DeviceExec {
     }
     lastMark = now;
   }
-  __device__ bool leader() const { return threadIdx.x == 0; }
+  __device__ bool leader() const { return tid == 0; }
   __device__ void setGiveUp() const { *giveUp = 1; }
   __device__ bool gaveUp() const { return *giveUp != 0; }
 
@@ -190,16 +228,16 @@ struct DeviceExec {
     const T* x = static_cast<const T*>(a.data) + tile.begin;
     const Noise noise{a.rsNoise.salt, tile.begin, a.rsNoise.on};
     const int64_t groups = numGroups(tile.len, a.rs);
-    const int warp = threadIdx.x / kWarp;
+    const int warp = tid / kWarp, warps = threads / kWarp;
     int64_t slabs = 0;
     if (a.rs.bits != 0 && slabGroupSize(a.rs.groupSize, kVec) && aligned(x, 16) &&
         aligned(dst + dataOffset(tile.len, a.rs), kVec * a.rs.bits / 8)) {
       slabs = tile.len / kSlab;
       const SlabTarget t{reinterpret_cast<float*>(dst), dst + dataOffset(tile.len, a.rs), groups,
                          __ffs(a.rs.groupSize) - 1};
-      for (int64_t sl = warp; sl < slabs; sl += kWarps) encodeSlabOf(x, sl * kSlab, t, noise);
+      for (int64_t sl = warp; sl < slabs; sl += warps) encodeSlabOf(x, sl * kSlab, t, noise);
     }
-    for (int64_t gi = slabs * kSlab / a.rs.groupSize + warp; gi < groups; gi += kWarps) {
+    for (int64_t gi = slabs * kSlab / a.rs.groupSize + warp; gi < groups; gi += warps) {
       const T* g = x + gi * a.rs.groupSize;
       encodeGroup(a.rs, tile.len, gi, dst, noise, [&](int k) { return toFloat(g[k]); });
     }
@@ -226,14 +264,14 @@ struct DeviceExec {
   // warp's shared row (`mine`), copy by copy, each copy's parameters loaded once per group.
   __device__ void sumEncode(Tile tile, int64_t s, uint8_t* out) const {
     uint8_t* own = a.buffers[a.rank];
-    const int warp = threadIdx.x / kWarp;
+    const int warp = tid / kWarp, warps = threads / kWarp;
     const int lane = threadIdx.x % kWarp;
-    float* mine = sums + warp * a.ag.groupSize;
+    float* mine = sums + (threadIdx.x / kWarp) * a.ag.groupSize;  // this warp's row
     const Noise noise{a.agNoise.salt, tile.begin, a.agNoise.on};
     const int64_t groups = numGroups(tile.len, a.ag);
     // the reduce codec's groups line up with the gather codec's when both have the group size
     const bool byGroup = a.rs.bits != 0 && a.rs.groupSize == a.ag.groupSize;
-    for (int64_t gi = warp; gi < groups; gi += kWarps) {
+    for (int64_t gi = warp; gi < groups; gi += warps) {
       const int glen = groupLength(tile.len, a.ag, gi);
       const int64_t begin = gi * a.ag.groupSize;
       if (byGroup && glen == a.ag.groupSize && sumGroupVec(tile.len, s, gi, mine)) {
@@ -333,7 +371,7 @@ struct DeviceExec {
   __device__ void copy16(uint8_t* dst, const uint8_t* src, int64_t vectors) const {
     const int4* from = reinterpret_cast<const int4*>(src);
     int4* to = reinterpret_cast<int4*>(dst);
-    for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) to[v] = from[v];
+    for (int64_t v = tid; v < vectors; v += threads) to[v] = from[v];
   }
 
   // The output elements of a tile from its gather bytes (an encoded block of tile.len elements),
@@ -341,7 +379,7 @@ struct DeviceExec {
   __device__ void decodeOut(const uint8_t* src, Tile tile) const {
     T* x = static_cast<T*>(a.data) + tile.begin;
     if (a.ag.bits == 0) {
-      for (int64_t e = threadIdx.x; e < tile.len; e += blockDim.x) {
+      for (int64_t e = tid; e < tile.len; e += threads) {
         x[e] = fromFloat<T>(rawLoad(src, a.ag.rawDtype, e));
       }
       return;
@@ -358,12 +396,12 @@ struct DeviceExec {
     const int64_t items = vec ? tile.len / 4 : 0;
     withCodec(a.ag, [&](auto k) {
       using K = decltype(k);
-      for (int64_t first = threadIdx.x; first < items; first += kDecodeItems * blockDim.x) {
+      for (int64_t first = tid; first < items; first += kDecodeItems * threads) {
         uint32_t q[kDecodeItems][4];
         GroupParams p[kDecodeItems];
 #pragma unroll
         for (int u = 0; u < kDecodeItems; ++u) {
-          const int64_t i = first + u * blockDim.x;
+          const int64_t i = first + u * threads;
           if (i < items) {
             loadCodes4<K::bits>(data, 4 * i, q[u]);
             p[u] = loadParamsAt<K::sym>(meta, groups, (4 * i) >> shift);
@@ -371,7 +409,7 @@ struct DeviceExec {
         }
 #pragma unroll
         for (int u = 0; u < kDecodeItems; ++u) {
-          const int64_t i = first + u * blockDim.x;
+          const int64_t i = first + u * threads;
           if (i < items) {
             float v[4];
 #pragma unroll
@@ -380,7 +418,7 @@ struct DeviceExec {
           }
         }
       }
-      for (int64_t e = 4 * items + threadIdx.x; e < tile.len; e += blockDim.x) {
+      for (int64_t e = 4 * items + tid; e < tile.len; e += threads) {
         const GroupParams p = loadParamsAt<K::sym>(meta, groups, e >> shift);
         x[e] = fromFloat<T>(dequantizeOne<K::bits, K::sym>(codeAt<K::bits>(data, e), p));
       }
@@ -389,14 +427,19 @@ struct DeviceExec {
 };
 
 // At most one block per SM is ever launched, so the register budget is one block's (no spills).
+// Task group g of block b is the protocol's block b * groups + g of gridDim.x * groups.
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1) twoStepPiece(IpcTwoStepArgs a, int64_t piece) {
   __shared__ __align__(16) float sums[kWarps * 1024];
-  __shared__ int giveUp;
-  if (threadIdx.x == 0) giveUp = 0;
+  __shared__ int giveUp[kWarps];
+  const int groupThreads = a.taskWarps * kWarp;
+  const int groups = kThreads / groupThreads;
+  const int group = int(threadIdx.x) / groupThreads;
+  if (threadIdx.x < kWarps) giveUp[threadIdx.x] = 0;
   __syncthreads();
-  DeviceExec<T> ex{a, sums, &giveUp};
-  ipc::runPiece(ex, a, piece, blockIdx.x, gridDim.x);
+  DeviceExec<T> ex{
+      a, sums, &giveUp[group], int(threadIdx.x) - group * groupThreads, groupThreads, 1 + group};
+  ipc::runPiece(ex, a, piece, int64_t(blockIdx.x) * groups + group, int64_t(gridDim.x) * groups);
 }
 
 __global__ void advanceEpoch(uint8_t* own, uint32_t pieces) {
@@ -406,9 +449,11 @@ __global__ void advanceEpoch(uint8_t* own, uint32_t pieces) {
 template <class T>
 cudaError_t launchPieces(const IpcTwoStepArgs& a, cudaStream_t stream) {
   const IpcGeometry& g = a.geometry;
+  const int groups = kWarps / a.taskWarps;  // task groups per block
   for (int64_t p = 0; p < g.pieces; ++p) {
     const int64_t tasks = pieceSlots(g, p) * (a.world > 1 ? a.world - 1 : 1);
-    int blocks = int(tasks < a.smCount ? tasks : a.smCount);
+    const int64_t need = (tasks + groups - 1) / groups;
+    int blocks = int(need < a.smCount ? need : a.smCount);
     blocks = blocks > 1 ? blocks : 1;
     QCOMM_LAUNCH(twoStepPiece<T>, blocks, kThreads, stream)(a, p);
     const cudaError_t e = cudaGetLastError();
@@ -440,6 +485,9 @@ cudaError_t ipcPreload() {
 
 cudaError_t ipcTwoStep(const IpcTwoStepArgs& a, cudaStream_t stream) {
   if (a.numel == 0 || a.geometry.pieces == 0) return cudaSuccess;
+  if (a.taskWarps < 1 || a.taskWarps > kWarps || (kWarps % a.taskWarps) != 0) {
+    return cudaErrorInvalidValue;
+  }
   // an error left pending by earlier, unrelated work must not pass for a failure of these
   // launches (which would stop before the epoch advance)
   (void)cudaGetLastError();

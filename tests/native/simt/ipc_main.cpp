@@ -37,6 +37,7 @@ struct Case {
   int64_t dataBytes;  // the buffer's data region: small, so a call takes several pieces
   int calls;
   int64_t tileElems = kIpcTileElems;  // QCOMM_IPC_TILE_ELEMS
+  int taskWarps = kIpcBlockWarps;     // QCOMM_IPC_TASK_WARPS
 };
 
 using Buffers = std::vector<std::vector<uint8_t>>;
@@ -111,6 +112,7 @@ bool runCase(const Case& k, std::mt19937& gen) {
         IpcTwoStepArgs a = ipcArgs(plan, r, g, kd[size_t(r)].data(), kp.data(),
                                    int64_t(120) * 1000000000, &kErr[size_t(r)]);
         a.smCount = k.blocks;
+        a.taskWarps = k.taskWarps;
         a.profile = prof[size_t(r)].data();
         if (gpu::ipcTwoStep(a, nullptr) != cudaSuccess) kErr[size_t(r)].code = 99;
       });
@@ -118,9 +120,12 @@ bool runCase(const Case& k, std::mt19937& gen) {
     for (auto& t : ranks) t.join();
     ranks.clear();
     for (int r = 0; r < W; ++r) {
-      // every block ran every piece once; the phases every rank passes through took some time
+      // every task group (taskWarps warps) ran every piece once; the phases every rank passes
+      // through took some time
       const std::vector<unsigned long long>& p = prof[size_t(r)];
-      const int64_t blocksPerPiece = std::min<int64_t>(k.blocks, g.pieceTiles * (W - 1));
+      const int64_t groups = kIpcBlockWarps / k.taskWarps;
+      const int64_t blocksPerPiece =
+          std::min<int64_t>(k.blocks, (g.pieceTiles * (W - 1) + groups - 1) / groups) * groups;
       if (p[kIpcPhases] == 0 || int64_t(p[kIpcPhases]) > blocksPerPiece * g.pieces ||
           p[kPhaseSendEncode] == 0 || p[kPhaseSumEncode] == 0 || p[kPhaseGatherDecode] == 0) {
         std::fprintf(stderr,
@@ -165,11 +170,12 @@ bool runCase(const Case& k, std::mt19937& gen) {
     }
   }
   std::printf(
-      "W=%d blocks=%d %s numel=%lld rs=%d ag=%d sym=%d stochastic=%d avg=%d group=%d tile=%lld: "
-      "%d calls, %lld pieces each, epoch %u: identical to the host emulation\n",
-      W, k.blocks, k.dtype == kFloat32 ? "f32" : (k.dtype == kFloat16 ? "f16" : "bf16"),
-      (long long)k.numel, k.rsBits, k.agBits, int(k.symmetric), int(k.stochastic), int(k.average),
-      k.groupSize, (long long)k.tileElems, k.calls, (long long)pieces, epochWord(kernelBufs[0]));
+      "W=%d blocks=%d task_warps=%d %s numel=%lld rs=%d ag=%d sym=%d stochastic=%d avg=%d "
+      "group=%d tile=%lld: %d calls, %lld pieces each, epoch %u: identical to the host emulation\n",
+      W, k.blocks, k.taskWarps,
+      k.dtype == kFloat32 ? "f32" : (k.dtype == kFloat16 ? "f16" : "bf16"), (long long)k.numel,
+      k.rsBits, k.agBits, int(k.symmetric), int(k.stochastic), int(k.average), k.groupSize,
+      (long long)k.tileElems, k.calls, (long long)pieces, epochWord(kernelBufs[0]));
   return true;
 }
 
@@ -234,6 +240,10 @@ int main(int argc, char** argv) {
       {4, 3, kBFloat16, 60000, 4, 8, true, false, false, 128, 64 << 10, 2},
       {3, 1, kFloat16, 25003, 8, 4, false, true, true, 64, 128 << 10, 2},
       {2, 3, kFloat32, 90001, 8, 8, false, false, false, 128, 256 << 10, 2, 16384},
+      // task groups of one warp (QCOMM_IPC_TASK_WARPS=1): 8 independent groups per block
+      {2, 2, kFloat32, 90001, 8, 8, false, false, false, 128, 256 << 10, 2, kIpcTileElems, 1},
+      // groups of two warps: 4 per block, each at its own named barrier
+      {4, 2, kBFloat16, 60000, 4, 8, true, false, true, 128, 64 << 10, 2, kIpcTileElems, 2},
   };
   if (!quick) {
     cases.push_back({5, 2, kFloat32, 41000, 8, 0, false, false, false, 1024, 256 << 10, 2});
@@ -241,6 +251,7 @@ int main(int argc, char** argv) {
     cases.push_back({2, 4, kFloat32, 1000, 4, 4, false, false, true, 256, 64 << 10, 2});
     cases.push_back({3, 2, kBFloat16, 30000, 0, 8, false, false, false, 128, 256 << 10, 2});
     cases.push_back({4, 2, kBFloat16, 30001, 4, 4, true, false, true, 1024, 64 << 10, 2, 1024});
+    cases.push_back({3, 1, kFloat16, 25003, 8, 4, false, true, false, 64, 128 << 10, 2, 16384, 4});
   }
   for (const Case& k : cases) {
     if (!runCase(k, gen)) return 1;

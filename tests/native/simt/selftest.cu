@@ -1,7 +1,7 @@
 // Self-test of the SIMT emulator (simt.h): kernels whose results are known, and kernels with the
 // bugs the emulator must refuse. `selftest ok` runs the good ones and prints "selftest ok";
-// `selftest divergent|exit|deadlock|race` runs one bad kernel, which must abort with the message
-// tests/test_simt_emulation.py expects (`race` under SIMT_TSAN=1 only).
+// `selftest divergent|exit|deadlock|named|race` runs one bad kernel, which must abort with the
+// message tests/test_simt_emulation.py expects (`race` under SIMT_TSAN=1 only).
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -27,6 +27,16 @@ __global__ void reverseInBlock(const int* in, int* out) {
   out[base + threadIdx.x] = tile[blockDim.x - 1 - threadIdx.x];
 }
 
+// Named barriers (bar.sync id, count): each half of the block reverses its own 128 threads'
+// words, at its own barrier, without the other half.
+__global__ void reverseInHalves(const int* in, int* out) {
+  __shared__ int tile[256];
+  const int half = int(threadIdx.x) / 128;
+  tile[threadIdx.x] = in[threadIdx.x];
+  qcomm::simt::namedBarrier(1 + half, 128);
+  out[threadIdx.x] = tile[half * 128 + 127 - int(threadIdx.x) % 128];
+}
+
 __global__ void ballotOdd(unsigned* out) {
   const unsigned b = __ballot_sync(0xffffffffu, threadIdx.x & 1);
   if (threadIdx.x % 32 == 0) out[threadIdx.x / 32] = b;
@@ -45,6 +55,12 @@ __global__ void divergent(int* out) {
 __global__ void earlyExit(int* out) {
   if (threadIdx.x == 5) return;
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+}
+
+// Two warps meet at barrier 1, one counting 64 threads, the other 32.
+__global__ void namedMismatch(int* out) {
+  qcomm::simt::namedBarrier(1, threadIdx.x < 32 ? 64 : 32);
+  out[threadIdx.x] = 1;
 }
 
 __global__ void deadlock(int* out) {
@@ -87,6 +103,14 @@ bool good() {
       return false;
     }
   }
+  QCOMM_LAUNCH(reverseInHalves, 1, 256, nullptr)(in.data(), out.data());
+  for (int i = 0; i < 256; ++i) {
+    const int want = in[size_t(i / 128 * 128 + 127 - i % 128)];
+    if (out[size_t(i)] != want) {
+      std::printf("reverseInHalves: %d has %d, not %d\n", i, out[size_t(i)], want);
+      return false;
+    }
+  }
   std::vector<unsigned> b(8, 0);
   QCOMM_LAUNCH(ballotOdd, 1, 256, nullptr)(b.data());
   for (unsigned v : b) {
@@ -106,6 +130,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(what, "divergent") == 0) QCOMM_LAUNCH(divergent, 1, 64, nullptr)(out.data());
   if (std::strcmp(what, "exit") == 0) QCOMM_LAUNCH(earlyExit, 1, 64, nullptr)(out.data());
   if (std::strcmp(what, "deadlock") == 0) QCOMM_LAUNCH(deadlock, 1, 64, nullptr)(out.data());
+  if (std::strcmp(what, "named") == 0) QCOMM_LAUNCH(namedMismatch, 1, 64, nullptr)(out.data());
   if (std::strcmp(what, "race") == 0) QCOMM_LAUNCH(race, 1, 64, nullptr)(out.data());
   if (std::strcmp(what, "ok") != 0) return 0;  // a bad kernel that was not refused
   if (!good()) return 1;

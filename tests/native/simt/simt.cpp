@@ -100,8 +100,18 @@ struct Warp {
   char order[2];  // ThreadSanitizer sync addresses of even and odd generations
 };
 
+// A named barrier (bar.sync id, count): its arrivals since it last released, and its count.
+struct Named {
+  int arrived = 0;
+  int threads = 0;
+  uint64_t gen = 0;
+  char order[2];
+};
+constexpr int kNamedBarriers = 16;  // ids 1..15 (0 is __syncthreads)
+
 struct Block {
   Dim bid, bdim, gdim;
+  Named named[kNamedBarriers];
   const std::function<void()>* body = nullptr;
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
@@ -289,6 +299,29 @@ void blockSync() {
     waitFor(&b.gen, was);
   }
   tsanAcquire(&b.order[was & 1]);
+}
+
+void namedBarrier(int id, int threads) {
+  Block& b = block();
+  if (id < 1 || id >= kNamedBarriers) fail(b, "a named barrier id outside 1..15");
+  if (threads <= 0 || threads % 32 != 0 || threads > int(b.bdim.x)) {
+    fail(b, "a named barrier's thread count is not a whole number of the block's warps");
+  }
+  Named& n = b.named[id];
+  if (n.arrived == 0) {
+    n.threads = threads;
+  } else if (n.threads != threads) {
+    fail(b, "threads meet at one named barrier with different counts");
+  }
+  const uint64_t was = n.gen;
+  tsanRelease(&n.order[was & 1]);
+  if (++n.arrived == n.threads) {
+    n.arrived = 0;
+    ++n.gen;
+  } else {
+    waitFor(&n.gen, was);
+  }
+  tsanAcquire(&n.order[was & 1]);
 }
 
 void yieldSpin() {

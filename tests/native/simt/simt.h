@@ -5,9 +5,10 @@
 //
 // Model. A launch runs every block at once, each on its own OS thread (a kernel may wait on
 // another rank's blocks, as the fused two_step does); inside a block each CUDA thread is a fiber
-// (ucontext), switched cooperatively at the synchronising operations: __syncthreads, __syncwarp,
-// __shfl_xor_sync, __ballot_sync and __nanosleep. `__shared__` is a thread_local static, so it is
-// per block. Memory is host memory; the atomics and fences are C++'s.
+// (ucontext), switched cooperatively at the synchronising operations: __syncthreads, named
+// barriers (bar.sync id, count), __syncwarp, __shfl_xor_sync, __ballot_sync and __nanosleep.
+// `__shared__` is a thread_local static, so it is per block. Memory is host memory; the atomics and
+// fences are C++'s.
 //
 // Under ThreadSanitizer (scripts/simt_check.sh with SIMT_TSAN=1) every fiber is a TSan fiber,
 // switched without implied ordering; only __syncwarp and __syncthreads (and the atomics) order
@@ -50,6 +51,9 @@ const Dim& gridDimOf();
 enum class Op { kSyncWarp, kShuffle, kBallot };
 void warpSync(Op op, unsigned mask);
 void blockSync();
+// bar.sync id, threads: the first `threads` arrivals at barrier `id` (1..15; whole warps) release
+// each other, with __syncthreads' ordering among them
+void namedBarrier(int id, int threads);
 void yieldSpin();  // a spinning thread lets the others of its block and the other blocks run
 
 // Run `body` as a grid of blocks x threads (1-D); returns when every block has finished.
