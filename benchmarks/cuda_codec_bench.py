@@ -2,6 +2,12 @@
 bandwidth (bytes read plus written), for messages of 64 MiB and up. Needs a GPU.
 
     python benchmarks/cuda_codec_bench.py --csv out.csv
+    python benchmarks/cuda_codec_bench.py --csv out.csv --prefetch-csv prefetch.csv
+
+With --prefetch-csv, every encode and decode is also timed with QCOMM_CUDA_PREFETCH=1 (the
+kernels prefetch their next slab or step into L2), alternating with the default in the same run
+(A, B, A, B; the faster of each pair's two timings), and a second table gives both side by side.
+The main table and --csv stay the default kernels' (what the cost model reads).
 """
 
 from __future__ import annotations
@@ -31,16 +37,30 @@ def timed(fn, iters=20):
     return start.elapsed_time(end) / iters / 1e3  # seconds
 
 
+def timed_env(fn, value: str | None, iters=20):
+    """timed(fn) with QCOMM_CUDA_PREFETCH set to value (None: unset); read at every launch."""
+    old = os.environ.pop("QCOMM_CUDA_PREFETCH", None)
+    if value is not None:
+        os.environ["QCOMM_CUDA_PREFETCH"] = value
+    try:
+        return timed(fn, iters)
+    finally:
+        os.environ.pop("QCOMM_CUDA_PREFETCH", None)
+        if old is not None:
+            os.environ["QCOMM_CUDA_PREFETCH"] = old
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes-mib", default="64,256,1024")
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--prefetch-csv", default=None, help="also time QCOMM_CUDA_PREFETCH=1")
     args = ap.parse_args()
     if not (torch.cuda.is_available() and qcomm.compiled_with_cuda()):
         print("needs a CUDA device and the CUDA build of qcomm", file=sys.stderr)
         return 2
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    rows = []
+    rows, pf_rows = [], []
     for mib in (int(s) for s in args.sizes_mib.split(",")):
         n = mib * 2**20 // 4
         x = torch.randn(n, device="cuda")
@@ -51,16 +71,26 @@ def main() -> int:
         for bits in (8, 4):
             for sym in (False, True):
                 enc = _C.cuda_codec_encode(x, bits, 128, sym)
-                t_enc = timed(lambda x=x, b=bits, s=sym: _C.cuda_codec_encode(x, b, 128, s))
-                bw_enc = (x.numel() * 4 + enc.numel()) / t_enc
-                t_dec = timed(
-                    lambda e=enc, n=n, b=bits, s=sym: _C.cuda_codec_decode(e, n, b, 128, s)
-                )
-                bw_dec = (enc.numel() + x.numel() * 4) / t_dec
-                for what, t, bw in (("encode", t_enc, bw_enc), ("decode", t_dec, bw_dec)):
+                moved = x.numel() * 4 + enc.numel()  # bytes read plus written, either way
+                kernels = (
+                    ("encode", lambda x=x, b=bits, s=sym: _C.cuda_codec_encode(x, b, 128, s)),
+                    ("decode", lambda e=enc, n=n, b=bits, s=sym: _C.cuda_codec_decode(e, n, b, 128, s)),
+                )  # fmt: skip
+                for what, fn in kernels:
+                    if args.prefetch_csv:
+                        pairs = [(timed_env(fn, None), timed_env(fn, "1")) for _ in range(2)]
+                        t = min(a for a, _ in pairs)
+                        t_pf = min(b for _, b in pairs)
+                        pf_rows.append(
+                            [mib, what, bits, "sym" if sym else "asym", f"{t * 1e6:.1f}",
+                             f"{t_pf * 1e6:.1f}", f"{moved / t / copy_bw:.2f}",
+                             f"{moved / t_pf / copy_bw:.2f}", f"{t / t_pf:.2f}"]
+                        )  # fmt: skip
+                    else:
+                        t = timed_env(fn, None)
                     rows.append(
                         [mib, what, bits, "sym" if sym else "asym", f"{t * 1e6:.1f}",
-                         f"{bw / 1e9:.1f}", f"{bw / copy_bw:.2f}"]
+                         f"{moved / t / 1e9:.1f}", f"{moved / t / copy_bw:.2f}"]
                     )  # fmt: skip
     head = ["MiB", "kernel", "bits", "scale", "time_us", "GB/s (read+write)", "x copy"]
     print("| " + " | ".join(head) + " |")
@@ -72,6 +102,18 @@ def main() -> int:
             w = csv.writer(f)
             w.writerow(head)
             w.writerows(rows)
+    if args.prefetch_csv:
+        pf_head = ["MiB", "kernel", "bits", "scale", "time_us", "time_us prefetch", "x copy",
+                   "x copy prefetch", "speed-up"]  # fmt: skip
+        print("\nQCOMM_CUDA_PREFETCH=1 side by side with the default (same run, alternating):")
+        print("| " + " | ".join(pf_head) + " |")
+        print("|" + "---|" * len(pf_head))
+        for r in pf_rows:
+            print("| " + " | ".join(str(c) for c in r) + " |")
+        with open(args.prefetch_csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(pf_head)
+            w.writerows(pf_rows)
     return 0
 
 

@@ -77,6 +77,17 @@ QCOMM_HD float roundHalfEven(float v) {
   return (v + kMagic) - kMagic;
 }
 
+// int(roundHalfEven(v)) for |v| below 2^22: on the GPU one conversion instruction
+// (cvt.rni.s32.f32 rounds to nearest, ties to even: the same integer), instead of two additions
+// and a truncating conversion; elsewhere the additions.
+QCOMM_HD int roundToInt(float v) {
+#if defined(__CUDA_ARCH__)
+  return __float2int_rn(v);
+#else
+  return int(roundHalfEven(v));
+#endif
+}
+
 QCOMM_HD float toFloat(float x) { return x; }
 QCOMM_HD float toFloat(bf16_t x) { return bitsFloat(uint32_t(x.bits) << 16); }
 QCOMM_HD float toFloat(fp16_t x) {
@@ -270,12 +281,12 @@ QCOMM_HD uint32_t quantizeScaled(float v, const GroupParams& p) {
     const float qmax = qmaxSym(kBits);
     float t = v / p.scale;
     t = t < -qmax ? -qmax : (t > qmax ? qmax : t);
-    return uint32_t(int(roundHalfEven(t))) & (kBits == 8 ? 0xffu : 0xfu);
+    return uint32_t(roundToInt(t)) & (kBits == 8 ? 0xffu : 0xfu);
   }
   const float levels = levelsAsym(kBits);
   float t = (v - p.mid) / p.scale + levels * 0.5f;
   t = t < 0.0f ? 0.0f : (t > levels ? levels : t);
-  return uint32_t(int(roundHalfEven(t)));
+  return uint32_t(roundToInt(t));
 }
 
 // quantizeScaled without a division per element, for the GPU's encoders (an IEEE division there
@@ -304,11 +315,11 @@ QCOMM_HD uint32_t quantizeWithReciprocal(float v, const GroupParams& p, float rc
   if (kSym) {
     const float qmax = qmaxSym(kBits);
     const float t = fminf(fmaxf(divideByScale(v, p.scale, rcp), -qmax), qmax);
-    return uint32_t(int(roundHalfEven(t))) & (kBits == 8 ? 0xffu : 0xfu);
+    return uint32_t(roundToInt(t)) & (kBits == 8 ? 0xffu : 0xfu);
   }
   const float levels = levelsAsym(kBits);
   const float t = divideByScale(v - p.mid, p.scale, rcp) + levels * 0.5f;
-  return uint32_t(int(roundHalfEven(fminf(fmaxf(t, 0.0f), levels))));
+  return uint32_t(roundToInt(fminf(fmaxf(t, 0.0f), levels)));
 }
 
 // ---- stochastic rounding (QuantConfig.stochastic_rounding) ----

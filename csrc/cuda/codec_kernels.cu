@@ -4,6 +4,8 @@
 // Decoding: one thread per 4 consecutive elements (one code word in, one float4 out). Unaligned
 // pointers and the last, partial slab take the scalar paths (one warp per group, one thread per
 // element; warp_codec.cuh). Grids are sized to the chip and grid-stride, so any numel works.
+#include <cstdlib>
+
 #include "codec_kernels.h"
 #include "launch.cuh"
 #include "tile_codec.cuh"
@@ -33,9 +35,12 @@ __device__ __forceinline__ int64_t warpsInGrid() {
   return int64_t(gridDim.x) * (blockDim.x / kWarp);
 }
 
+// 3 blocks per SM: at most 85 registers, where the asymmetric fp32 and bf16 encoders would take
+// 89-105 and so fit only 2 (16 warps of a slab's loads each in flight, not 24); ptxas spills 4
+// bytes in two of them.
 template <class T, int kBits, bool kSym>
-__global__ void __launch_bounds__(kBlock, 2)
-    encodeKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise) {
+__global__ void __launch_bounds__(kBlock, 3)
+    encodeKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise, bool prefetch) {
   constexpr int kVec = 16 / int(sizeof(T));  // one 16-byte load per lane and vector
   constexpr int kTile = kWarp * kVec;
   constexpr int kU = kSlab / kTile;
@@ -53,8 +58,13 @@ __global__ void __launch_bounds__(kBlock, 2)
     return;
   }
   const int64_t slabs = (n + kSlab - 1) / kSlab;
+  constexpr int kSlabLines = kSlab * int(sizeof(T)) / 128;  // 128-byte lines of a slab
   for (int64_t s = globalWarp(); s < slabs; s += warpsInGrid()) {
     const int64_t base = s * kSlab;
+    const int64_t next = base + warpsInGrid() * kSlab;
+    if (prefetch && lane < kSlabLines && next + kSlab <= n) {
+      prefetchL2(reinterpret_cast<const char*>(x + next) + 128 * lane);
+    }
     if (base + kSlab <= n) {
       float v[kU][kVec];
 #pragma unroll
@@ -90,8 +100,8 @@ __global__ void rawToFloatKernel(const T* x, int64_t n, float* out, bool accumul
 // block covers kDecodeUnroll * kBlock consecutive items, thread t items t, t + kBlock, ..., so
 // every load and store instruction of a warp touches one contiguous range.
 template <int kBits, bool kSym>
-__global__ void __launch_bounds__(kBlock)
-    decodeKernel(const uint8_t* block, int64_t n, CodecSpec c, float* out, bool accumulate) {
+__global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int64_t n, CodecSpec c,
+                                                       float* out, bool accumulate, bool prefetch) {
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = int64_t(gridDim.x) * blockDim.x;
   const float* meta = reinterpret_cast<const float*>(block);
@@ -101,8 +111,23 @@ __global__ void __launch_bounds__(kBlock)
   const bool vec = slabGroupSize(c.groupSize, 4) && aligned(out, 16) && aligned(data, kBits / 2);
   const int64_t items = vec ? n / 4 : 0;
   const int64_t step = int64_t(gridDim.x) * (kBlock * kDecodeUnroll);
-  for (int64_t first = int64_t(blockIdx.x) * (kBlock * kDecodeUnroll) + threadIdx.x; first < items;
+  // a step's codes: kStepItems items of 4 codes; its parameters: one line of scales (and one of
+  // mids) when a step's groups fit in one, as they do from groups of 128 up
+  constexpr int kStepItems = kBlock * kDecodeUnroll;
+  constexpr int kStepCodeLines = kStepItems * 4 * kBits / 8 / 128;
+  for (int64_t first = int64_t(blockIdx.x) * kStepItems + threadIdx.x; first < items;
        first += step) {
+    const int64_t nextStep = first - threadIdx.x + step;  // the next step's first item
+    if (prefetch && nextStep + kStepItems <= items) {
+      const int t = int(threadIdx.x);
+      if (t < kStepCodeLines) {
+        prefetchL2(data + nextStep * 4 * kBits / 8 + 128 * t);
+      } else if (t == kStepCodeLines) {
+        prefetchL2(meta + ((4 * nextStep) >> shift));
+      } else if (t == kStepCodeLines + 1 && !kSym) {
+        prefetchL2(meta + groups + ((4 * nextStep) >> shift));
+      }
+    }
     uint32_t q[kDecodeUnroll][4];
     GroupParams p[kDecodeUnroll];
 #pragma unroll
@@ -246,12 +271,20 @@ void launch(int64_t blocksNeeded, cudaStream_t s, Args... args) {
   QCOMM_LAUNCH(kKernel, gridFor<kKernel>(blocksNeeded), kBlock, s)(args...);
 }
 
+// QCOMM_CUDA_PREFETCH=1: the encoder and decoder prefetch their next slab or step into L2 (an
+// experiment until measured on a GPU; read at every launch, so a benchmark can compare both).
+bool prefetchOn() {
+  const char* v = std::getenv("QCOMM_CUDA_PREFETCH");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
 template <class T>
 void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const Noise& noise,
                   cudaStream_t s) {
+  const bool prefetch = prefetchOn();
   withCodec(c, [&](auto k) {
     using K = decltype(k);
-    launch<encodeKernel<T, K::bits, K::sym>>(slabBlocks(n), s, x, n, c, dst, noise);
+    launch<encodeKernel<T, K::bits, K::sym>>(slabBlocks(n), s, x, n, c, dst, noise, prefetch);
   });
 }
 
@@ -330,7 +363,7 @@ cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out
   withCodec(c, [&](auto k) {
     using K = decltype(k);
     launch<decodeKernel<K::bits, K::sym>>(elementBlocks(n, 4 * kDecodeUnroll), stream, src, n, c,
-                                          out, accumulate);
+                                          out, accumulate, prefetchOn());
   });
   return cudaGetLastError();
 }

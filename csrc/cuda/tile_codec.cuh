@@ -39,6 +39,18 @@ __device__ __forceinline__ void storeParamsAt(float* meta, int64_t groups, int64
   if (!kSym) meta[groups + g] = p.mid;
 }
 
+// Ask L2 for the 128-byte line holding p, without a register or a wait: the grid-stride codec
+// kernels prefetch their next slab or step while they work on this one (QCOMM_CUDA_PREFETCH=1),
+// so that a warp has two slabs' loads in flight, not one. Only whole slabs or steps inside the
+// tensor are prefetched. The emulator ignores it.
+__device__ __forceinline__ void prefetchL2(const void* p) {
+#if defined(QCOMM_SIMT)
+  (void)p;
+#else
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
 __device__ __forceinline__ bool aligned(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) & uintptr_t(bytes - 1)) == 0;
 }
