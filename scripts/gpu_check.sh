@@ -3,11 +3,12 @@
 # extension, runs the GPU tests (CUDA codec kernels bit for bit against the CPU codec; the fused
 # CUDA-IPC two_step with 2 and 4 ranks sharing the one GPU, bit for bit against the reference,
 # streams and Work, a CUDA graph replayed 100 times, calls on different streams, the set-up's
-# agreement on settings; the NCCL transport at world size 1),
-# benchmarks the codec kernels against device-to-device copy and the fused two_step's cost per
-# byte (and, profiled, where its blocks spend their time), runs the cost model on what it measured, and writes logs and CSV under $OUT (default
-# out/gpu_check). Uses the machine's python with torch preinstalled (no network there); prints a
-# short table last.
+# agreement on settings; the NCCL transport at world size 1), benchmarks the codec kernels
+# against device-to-device copy (also with QCOMM_CUDA_PREFETCH=1, side by side) and the fused
+# two_step's cost per byte (and, profiled, where its time goes at two tile sizes and three
+# task-group sizes), runs the cost model on what it measured, and writes logs and CSV under $OUT
+# (default out/gpu_check). Uses the machine's python with torch preinstalled (no network there);
+# prints a short table last.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -120,9 +121,10 @@ if [ "$QUICK" != 1 ]; then
   step "tests: the build, CUDA codec kernels bit for bit against the CPU codec"
   run_step 90 "$OUT/tests.log" "${PYTEST[@]}" tests/test_build.py tests/test_cuda_codec.py
 
-  step "CUDA codec kernels vs device-to-device copy"
-  run_step 90 "$OUT/bench.txt" "$PY" benchmarks/cuda_codec_bench.py \
-    --csv "$OUT/codec_kernels.csv"
+  # and each encode/decode again with QCOMM_CUDA_PREFETCH=1, side by side (codec_prefetch.csv)
+  step "CUDA codec kernels vs device-to-device copy (and with QCOMM_CUDA_PREFETCH=1)"
+  run_step 150 "$OUT/bench.txt" "$PY" benchmarks/cuda_codec_bench.py \
+    --csv "$OUT/codec_kernels.csv" --prefetch-csv "$OUT/codec_prefetch.csv"
 fi
 
 # the GPU tests only (-m cuda): their CPU-side counterparts run in CI, not on device time
@@ -138,12 +140,17 @@ run_step 90 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
   --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
 
-# the default tiling, then tiles 4x larger (QCOMM_IPC_TILE_ELEMS): a quarter of the flags, fences
-# and barriers per byte
-for TILE in 4096 16384; do
-  step "fused CUDA-IPC two_step profiled (QCOMM_IPC_PROFILE=1), tiles of $TILE elements"
-  run_step 45 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS=$TILE \
-    "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64 --profile
+# where the fused kernel's time goes (QCOMM_IPC_PROFILE=1), and the launch shapes that may cut it:
+# tiles 4x larger (QCOMM_IPC_TILE_ELEMS: a quarter of the flags, fences and barriers per byte)
+# and task groups of fewer warps (QCOMM_IPC_TASK_WARPS: 4 or 8 independent groups per block, so
+# one group's round trips and fences overlap the others' work)
+for TW in 8 2 1; do
+  for TILE in 4096 16384; do
+    step "fused CUDA-IPC two_step profiled, tiles of $TILE elements, task groups of $TW warps"
+    run_step 40 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS=$TILE \
+      QCOMM_IPC_TASK_WARPS=$TW "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 \
+      --bits 8/8 --profile
+  done
 done
 
 step "tests: IPC set-up agreement across ranks, calls on different streams"
