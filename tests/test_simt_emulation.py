@@ -66,7 +66,7 @@ def test_codec_kernels_match_cpu_codec_under_emulation(build_dir):
 def test_fused_two_step_kernel_matches_host_emulation(build_dir):
     rc, out = _run("ipc", build_dir)
     assert rc == 0, out[-4000:]
-    assert out.count("identical to the host emulation") == 13, out[-4000:]  # 12 cases + summary
+    assert out.count("identical to the host emulation") == 14, out[-4000:]  # 13 cases + summary
     # task groups of 1, 2 and 4 warps (QCOMM_IPC_TASK_WARPS): __syncwarp and named barriers
     for tw in (1, 2, 4):
         assert f"task_warps={tw} " in out, out[-4000:]

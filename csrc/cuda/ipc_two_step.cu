@@ -260,8 +260,11 @@ struct DeviceExec {
   }
 
   // Decode the W reduce copies of slot s, sum them in rank order (fp32; AVG divides by W),
-  // encode the sum with the gather codec into out. One warp per group: the sum is built in the
-  // warp's shared row (`mine`), copy by copy, each copy's parameters loaded once per group.
+  // encode the sum with the gather codec into out. Whole slabs of 1024 elements, when both codecs
+  // are quantized with one group size and every copy's codes are word-aligned: one warp per slab,
+  // the sums in registers, encoded by the slab encoder (sumEncodeSlab). The rest: one warp per
+  // group, the sum built in the warp's shared row (`mine`), copy by copy, then encoded by the
+  // warp codec. Both give the same bytes.
   __device__ void sumEncode(Tile tile, int64_t s, uint8_t* out) const {
     uint8_t* own = a.buffers[a.rank];
     const int warp = tid / kWarp, warps = threads / kWarp;
@@ -271,7 +274,21 @@ struct DeviceExec {
     const int64_t groups = numGroups(tile.len, a.ag);
     // the reduce codec's groups line up with the gather codec's when both have the group size
     const bool byGroup = a.rs.bits != 0 && a.rs.groupSize == a.ag.groupSize;
-    for (int64_t gi = warp; gi < groups; gi += warps) {
+    int64_t slabs = 0;
+    const SlabTarget t{reinterpret_cast<float*>(out), out + dataOffset(tile.len, a.ag), groups,
+                       __ffs(a.ag.groupSize) - 1};
+    // (one codec for both phases, the usual configuration: 4 kernel variants, not 16)
+    if (byGroup && a.ag.bits == a.rs.bits && a.ag.symmetric == a.rs.symmetric &&
+        slabGroupSize(a.ag.groupSize, 4) && aligned(t.data, 4 * a.ag.bits / 8) &&
+        copiesWordAligned(tile.len, s)) {
+      slabs = tile.len / kSlab;
+      withCodec(a.rs, [&](auto k) {
+        for (int64_t sl = warp; sl < slabs; sl += warps) {
+          sumEncodeSlab<decltype(k)>(tile.len, s, sl * kSlab, t, noise);
+        }
+      });
+    }
+    for (int64_t gi = slabs * kSlab / a.ag.groupSize + warp; gi < groups; gi += warps) {
       const int glen = groupLength(tile.len, a.ag, gi);
       const int64_t begin = gi * a.ag.groupSize;
       if (byGroup && glen == a.ag.groupSize && sumGroupVec(tile.len, s, gi, mine)) {
@@ -297,6 +314,64 @@ struct DeviceExec {
       encodeGroup(a.ag, tile.len, gi, out, noise, [&](int k) { return mine[k]; });
       __syncwarp();
     }
+  }
+
+  // Whether every reduce copy of slot s (blocks of n elements) has its codes aligned for the
+  // word loads of loadCodes4 (4 bytes at 8 bits, 2 at 4).
+  __device__ bool copiesWordAligned(int64_t n, int64_t s) const {
+    bool ok = true;
+    for (int q = 0; q < a.world; ++q) {
+      const uint8_t* block = ipc::reduceSlot(a.buffers[a.rank], a.geometry, q, s);
+      ok = ok && aligned(block + dataOffset(n, a.rs), a.rs.bits / 2);
+    }
+    return ok;
+  }
+
+  // The slab [base, base + kSlab) of slot s (K: the codec variant of both phases, one group
+  // size): lane l holds, for each vector j, elements base + 128 j + 4 l .. + 3 (the slab layout of
+  // tile_codec.cuh with 4 elements per vector), each the sum of the W copies' decoded codes in
+  // rank order 0..W-1 (AVG divides by W), the operations of sumGroupVec in its order; encodeSlab
+  // then encodes the slab as encodeGroup would encode its groups, bit for bit. Copy by copy, each
+  // copy's 8 code words and parameters loaded before they are added.
+  template <class K>
+  __device__ void sumEncodeSlab(int64_t n, int64_t s, int64_t base, const SlabTarget& t,
+                                const Noise& noise) const {
+    constexpr int kVec = 4;
+    constexpr int kTile = kWarp * kVec;
+    constexpr int kU = kSlab / kTile;
+    const int64_t rsGroups = numGroups(n, a.rs);
+    const int lane = threadIdx.x % kWarp;
+    float v[kU][kVec];
+    for (int q = 0; q < a.world; ++q) {
+      const uint8_t* block = ipc::reduceSlot(a.buffers[a.rank], a.geometry, q, s);
+      const uint8_t* data = block + dataOffset(n, a.rs);
+      const float* meta = reinterpret_cast<const float*>(block);
+      uint32_t c[kU][4];
+      GroupParams p[kU];
+#pragma unroll
+      for (int j = 0; j < kU; ++j) {
+        const int64_t e = base + j * kTile + lane * kVec;
+        loadCodes4<K::bits>(data, e, c[j]);
+        p[j] = loadParamsAt<K::sym>(meta, rsGroups, e >> t.groupShift);
+      }
+#pragma unroll
+      for (int j = 0; j < kU; ++j) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float d = dequantizeOne<K::bits, K::sym>(c[j][k], p[j]);
+          v[j][k] = q == 0 ? d : v[j][k] + d;
+        }
+      }
+    }
+    if (a.average) {
+      const float w = float(a.world);
+#pragma unroll
+      for (int j = 0; j < kU; ++j) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) v[j][k] = v[j][k] / w;
+      }
+    }
+    encodeSlab<K::bits, K::sym, kVec>(v, base, t, noise);
   }
 
   // The sum of the W reduce copies of a whole group gi of slot s into mine (the AVG division

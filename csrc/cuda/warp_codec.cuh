@@ -66,7 +66,11 @@ __device__ void warpQuantize(const GroupParams& p, int64_t begin, int len, uint8
   const int lane = threadIdx.x % kWarp;
   const bool finite = paramsFinite(p);
   const bool constant = finite && p.scale == 0.0f;
+  // the common case divides by the reciprocal (quantizeWithReciprocal: the same codes)
+  const bool fast = finite && !noise.on && fastScaleRange(p.scale);
+  const float rcp = fast ? 1.0f / p.scale : 0.0f;
   auto code = [&](int k) -> uint32_t {
+    if (fast) return quantizeWithReciprocal<kBits, kSym>(value(k), p, rcp);
     if (!finite) return 0u;
     if (constant) return zeroScaleCode<kBits, kSym>();
     const float v = value(k);

@@ -252,6 +252,9 @@ int main(int argc, char** argv) {
     cases.push_back({3, 2, kBFloat16, 30000, 0, 8, false, false, false, 128, 256 << 10, 2});
     cases.push_back({4, 2, kBFloat16, 30001, 4, 4, true, false, true, 1024, 64 << 10, 2, 1024});
     cases.push_back({3, 1, kFloat16, 25003, 8, 4, false, true, false, 64, 128 << 10, 2, 16384, 4});
+    // AVG over 3 ranks (a division that is not a power-of-two scaling) and stochastic rounding,
+    // with one codec for both phases: the sums of whole slabs in registers (sumEncodeSlab)
+    cases.push_back({3, 2, kFloat32, 70001, 8, 8, false, true, true, 128, 128 << 10, 2});
   }
   for (const Case& k : cases) {
     if (!runCase(k, gen)) return 1;
