@@ -149,9 +149,25 @@ for TW in 8 2 1; do
     step "fused CUDA-IPC two_step profiled, tiles of $TILE elements, task groups of $TW warps"
     run_step 40 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS=$TILE \
       QCOMM_IPC_TASK_WARPS=$TW "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 \
-      --bits 8/8 --profile
+      --bits 8/8 --profile --csv "$OUT/fused_shape_tile${TILE}_tw${TW}.csv"
   done
 done
+step "fused CUDA-IPC two_step: the launch shapes side by side (64 MiB, 8/8, 2 ranks)"
+run_step 15 "$OUT/fused.txt" "$PY" - "$OUT" <<'EOF'
+import csv, glob, os, re, sys
+rows = []
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "fused_shape_tile*_tw*.csv"))):
+    tile, tw = re.search(r"tile(\d+)_tw(\d+)", path).groups()
+    for r in csv.DictReader(open(path)):
+        rows.append((float(r["time_us"]) * 2, int(tile), int(tw)))  # the rows hold t / W
+if not rows:
+    sys.exit("no launch-shape results")
+base = next((t for t, tile, tw in rows if (tile, tw) == (4096, 8)), None)
+print("| tile | task warps | us (both ranks) | x the default (4096, 8) |")
+print("|---|---|---|---|")
+for t, tile, tw in sorted(rows):
+    print(f"| {tile} | {tw} | {t:.1f} | {base / t:.2f} |" if base else f"| {tile} | {tw} | {t:.1f} | - |")
+EOF
 
 step "tests: IPC set-up agreement across ranks, calls on different streams"
 run_step 120 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "$EXTRA" tests/test_cuda_allreduce.py
