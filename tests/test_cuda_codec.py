@@ -105,6 +105,23 @@ def test_cuda_vector_and_scalar_paths_match_cpu(group, dtype):
                 assert same_floats(want, out.cpu()), f"{case} accumulate={acc}: values differ"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_prefetch_gives_the_same_bytes(dtype, monkeypatch):
+    # QCOMM_CUDA_PREFETCH=1 (read at every launch): a message large enough that every warp of the
+    # encoder and every block of the decoder takes several turns, so the next slab or step is
+    # prefetched, and a partial last slab; the CPU codec's bytes and values either way
+    monkeypatch.setenv("QCOMM_CUDA_PREFETCH", "1")
+    n = 8 * 2**20 + 77
+    x = (torch.randn(n, generator=torch.Generator().manual_seed(3)) * 2).to(dtype)
+    for bits, sym in itertools.product([4, 8], [True, False]):
+        cpu = _C.codec_encode(x, bits, 128, sym)
+        gpu = _C.cuda_codec_encode(x.cuda(), bits, 128, sym)
+        assert torch.equal(cpu, gpu.cpu()), f"bits={bits} sym={sym}: wire bytes differ"
+        want = _C.codec_decode(cpu, n, bits, 128, sym)
+        got = _C.cuda_codec_decode(gpu, n, bits, 128, sym).cpu()
+        assert same_floats(want, got), f"bits={bits} sym={sym}: values differ"
+
+
 @pytest.mark.parametrize("local_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_cuda_ring_hop_matches_cpu(local_dtype):
     # partial = decode(src) + local, then partial encoded: the fused kernel against the CPU's
