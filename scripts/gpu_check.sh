@@ -142,9 +142,9 @@ run_step 90 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
 
 # where the fused kernel's time goes (QCOMM_IPC_PROFILE=1), and the launch shapes that may cut it:
 # tiles 4x larger (QCOMM_IPC_TILE_ELEMS: a quarter of the flags, fences and barriers per byte)
-# and task groups of fewer warps (QCOMM_IPC_TASK_WARPS: 4 or 8 independent groups per block, so
+# and task groups of fewer warps (QCOMM_IPC_TASK_WARPS: 2 or 8 independent groups per block, so
 # one group's round trips and fences overlap the others' work)
-for TW in 8 2 1; do
+for TW in 8 4 1; do
   for TILE in 4096 16384; do
     step "fused CUDA-IPC two_step profiled, tiles of $TILE elements, task groups of $TW warps"
     run_step 40 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS=$TILE \
