@@ -130,14 +130,7 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
     }
     uint32_t q[kDecodeUnroll][4];
     GroupParams p[kDecodeUnroll];
-#pragma unroll
-    for (int u = 0; u < kDecodeUnroll; ++u) {
-      const int64_t i = first + u * kBlock;
-      if (i < items) {
-        loadCodes4<kBits>(data, 4 * i, q[u]);
-        p[u] = loadParamsAt<kSym>(meta, groups, (4 * i) >> shift);
-      }
-    }
+    loadItems<kBits, kSym>(data, meta, groups, shift, first, kBlock, items, q, p);
 #pragma unroll
     for (int u = 0; u < kDecodeUnroll; ++u) {
       const int64_t i = first + u * kBlock;

@@ -474,14 +474,7 @@ struct DeviceExec {
       for (int64_t first = tid; first < items; first += kDecodeItems * threads) {
         uint32_t q[kDecodeItems][4];
         GroupParams p[kDecodeItems];
-#pragma unroll
-        for (int u = 0; u < kDecodeItems; ++u) {
-          const int64_t i = first + u * threads;
-          if (i < items) {
-            loadCodes4<K::bits>(data, 4 * i, q[u]);
-            p[u] = loadParamsAt<K::sym>(meta, groups, (4 * i) >> shift);
-          }
-        }
+        loadItems<K::bits, K::sym>(data, meta, groups, shift, first, threads, items, q, p);
 #pragma unroll
         for (int u = 0; u < kDecodeItems; ++u) {
           const int64_t i = first + u * threads;

@@ -120,6 +120,24 @@ __device__ __forceinline__ void loadCodes4(const uint8_t* data, int64_t e, uint3
   }
 }
 
+// The codes and parameters of the kN items first, first + stride, ... that are below `items` (item
+// i: elements 4i..4i+3 of a data section, one group, since group sizes are multiples of 4; meta
+// as loadParamsAt reads it, shift = log2(group size)): every load issued before any is used, so
+// that they take one memory round trip together.
+template <int kBits, bool kSym, int kN>
+__device__ __forceinline__ void loadItems(const uint8_t* data, const float* meta, int64_t groups,
+                                          int shift, int64_t first, int64_t stride, int64_t items,
+                                          uint32_t (&q)[kN][4], GroupParams (&p)[kN]) {
+#pragma unroll
+  for (int u = 0; u < kN; ++u) {
+    const int64_t i = first + u * stride;
+    if (i < items) {
+      loadCodes4<kBits>(data, 4 * i, q[u]);
+      p[u] = loadParamsAt<kSym>(meta, groups, (4 * i) >> shift);
+    }
+  }
+}
+
 // Store the kVec codes of elements e..e+kVec-1 (e a multiple of kVec) into a data section: one
 // access of kVec bytes (8-bit) or kVec / 2 bytes (4-bit, even element in the low nibble).
 template <int kBits, int kVec>
