@@ -48,40 +48,45 @@ std::string transportMode(const std::string& prefix) {
   return mode;
 }
 
+// The integer setting `name`, or `unset` when it is not set or empty; a ValueError naming the
+// setting and what is `allowed` when it is not a whole integer or `ok` refuses it.
+template <class Ok>
+long long intSetting(const char* name, long long unset, const std::string& prefix, Ok ok,
+                     const std::string& allowed) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return unset;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  TORCH_CHECK_VALUE(end && *end == '\0' && ok(n), prefix, "invalid ", name, " '", v,
+                    "'; allowed: ", allowed);
+  return n;
+}
+
 // QCOMM_IPC_BUFFER_MB: each rank's CUDA-IPC buffer, in MiB (default 32).
 int64_t ipcBufferBytes(const std::string& prefix) {
-  const char* v = std::getenv("QCOMM_IPC_BUFFER_MB");
-  if (!v || !*v) return int64_t(32) << 20;
-  char* end = nullptr;
-  const long long mb = std::strtoll(v, &end, 10);
-  TORCH_CHECK_VALUE(end && *end == '\0' && mb >= 1 && mb <= 65536, prefix,
-                    "invalid QCOMM_IPC_BUFFER_MB '", v, "'; allowed: an integer from 1 to 65536");
+  const long long mb = intSetting(
+      "QCOMM_IPC_BUFFER_MB", 32, prefix, [](long long n) { return n >= 1 && n <= 65536; },
+      "an integer from 1 to 65536");
   return int64_t(mb) << 20;
 }
 
 // QCOMM_IPC_TILE_ELEMS: elements per tile of the fused two_step (default 4096).
 int64_t ipcTileElems(const std::string& prefix) {
-  const char* v = std::getenv("QCOMM_IPC_TILE_ELEMS");
-  if (!v || !*v) return kIpcTileElems;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  TORCH_CHECK_VALUE(
-      end && *end == '\0' && n >= kIpcMinTileElems && n <= kIpcMaxTileElems && (n & (n - 1)) == 0,
-      prefix, "invalid QCOMM_IPC_TILE_ELEMS '", v, "'; allowed: a power of two from ",
-      kIpcMinTileElems, " to ", kIpcMaxTileElems);
-  return int64_t(n);
+  return intSetting(
+      "QCOMM_IPC_TILE_ELEMS", kIpcTileElems, prefix,
+      [](long long n) {
+        return n >= kIpcMinTileElems && n <= kIpcMaxTileElems && (n & (n - 1)) == 0;
+      },
+      "a power of two from " + std::to_string(kIpcMinTileElems) + " to " +
+          std::to_string(kIpcMaxTileElems));
 }
 
 // QCOMM_IPC_TASK_WARPS: warps per task group of the fused kernel (1, 2, 4 or 8; default 8, the
 // whole block). A local launch shape: ranks may differ, the results do not depend on it.
 int ipcTaskWarps(const std::string& prefix) {
-  const char* v = std::getenv("QCOMM_IPC_TASK_WARPS");
-  if (!v || !*v) return kIpcBlockWarps;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  TORCH_CHECK_VALUE(end && *end == '\0' && (n == 1 || n == 2 || n == 4 || n == 8), prefix,
-                    "invalid QCOMM_IPC_TASK_WARPS '", v, "'; allowed: 1, 2, 4 or 8");
-  return int(n);
+  return int(intSetting(
+      "QCOMM_IPC_TASK_WARPS", kIpcBlockWarps, prefix,
+      [](long long n) { return n == 1 || n == 2 || n == 4 || n == 8; }, "1, 2, 4 or 8"));
 }
 
 // The NCCL transport: the algorithms over the inner backend's collectives (collective_algos.cpp)
