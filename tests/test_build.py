@@ -1,7 +1,11 @@
 """The build: where nvcc and a CUDA build of torch are present (CI has both, without a GPU), the
 CUDA kernels must have been compiled, for sm_80 and sm_90."""
 
+import glob
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -27,3 +31,38 @@ def test_cpu_build_reports_no_archs_without_cuda():
         assert qcomm._C.cuda_archs() == []
     else:
         assert all(a >= 70 for a in qcomm._C.cuda_archs())
+
+
+def _cuobjdump_available() -> bool:
+    if not HAVE_NVCC:
+        return False
+    if os.path.exists(os.path.join(cpp_extension.CUDA_HOME, "bin", "cuobjdump")):
+        return True
+    if shutil.which("cuobjdump"):
+        return True
+    try:
+        import triton
+    except ImportError:
+        return False
+    nvidia = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    return bool(glob.glob(os.path.join(nvidia, "cuobjdump")))
+
+
+@pytest.mark.skipif(not _cuobjdump_available(), reason="no nvcc or no cuobjdump")
+def test_sass_counts_reads_the_slab_encoder_probe():
+    """benchmarks/sass_counts.py (static SASS counts, cited in RESULTS) still compiles its probe of
+    encodeSlab and parses the disassembly: one row per bit width and symmetry, each with the
+    shuffles of the reduction and the stores of the codes."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "sass_counts.py")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| encodeSlabProbe")]
+    assert len(rows) == 4, out
+    for cells in rows:
+        total, shfl, stg = int(cells[2]), int(cells[3]), int(cells[-2])
+        assert total > 0 and shfl > 0 and stg > 0, out

@@ -55,9 +55,11 @@ __device__ __forceinline__ bool aligned(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) & uintptr_t(bytes - 1)) == 0;
 }
 
-// Whether the slab layout covers group size `g` with kVec elements per lane and vector.
+// Whether the slab layout covers group size `g` with kVec elements per lane and vector: a power
+// of two from kWarp (so a group spans at least kSlab / (kWarp * kVec) lanes, as encodeSlab's
+// reduce-scatter needs; the codec allows 32..1024) to kSlab.
 __host__ __device__ __forceinline__ bool slabGroupSize(int g, int vec) {
-  return g >= vec && g <= kSlab && (g & (g - 1)) == 0;
+  return g >= vec && g >= kWarp && g <= kSlab && (g & (g - 1)) == 0;
 }
 
 template <int kBytes>
@@ -173,103 +175,151 @@ struct SlabTarget {
   int groupShift;  // log2(groupSize)
 };
 
+// NaN-propagating max (PTX max.NaN, sm_80 on): a NaN in either operand gives a NaN, where fmaxf
+// returns the other operand. Otherwise the maximum; which zero it gives for -0 and +0 is left
+// open, as codec.h's parameters normalise zeros. The emulator (no __CUDA_ARCH__) compares.
+__device__ __forceinline__ float maxNaN(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+#else
+  return a != a ? a : (b != b ? b : fmaxf(a, b));
+#endif
+}
+
+// The statistic a group's parameters come from: its absolute maximum (symmetric; hi unused) or
+// its minimum and maximum. The maxima propagate NaN (the minimum need not: the maximum carries
+// it), so the group holds a NaN or an Inf exactly when a statistic is not finite, and the
+// non-finite flag needs no pass of its own.
+struct SlabStat {
+  float lo, hi;
+};
+
+template <bool kSym>
+__device__ __forceinline__ SlabStat combineStats(SlabStat a, SlabStat b) {
+  if (kSym) return {maxNaN(a.lo, b.lo), 0.0f};
+  return {fminf(a.lo, b.lo), maxNaN(a.hi, b.hi)};
+}
+
+template <bool kSym>
+__device__ __forceinline__ SlabStat shuffleStat(SlabStat s, int laneMask) {
+  SlabStat r;
+  r.lo = __shfl_xor_sync(0xffffffffu, s.lo, laneMask);
+  r.hi = kSym ? 0.0f : __shfl_xor_sync(0xffffffffu, s.hi, laneMask);
+  return r;
+}
+
 // Encode the slab of elements base..base+kSlab-1 (all < n) whose values the lanes hold in v (see
-// the layout above): the group reductions (min/max/absmax and the non-finite flag, in another
-// order than the CPU loop, which they do not notice), then the parameters (paramsFromAbsmax /
-// paramsFromMinMax), then each element's code (quantizeScaled / quantizeStochastic /
-// zeroScaleCode, as codec.h encodeGroupT decides), stored with wide stores. All 32 lanes call it.
+// the layout above); group sizes from kWarp (so a group spans at least kU lanes) to kSlab. All 32
+// lanes call it.
+//   1. Each lane reduces its part of each vector's group (min, max/absmax with NaN), then,
+//      for groups longer than a tile, its vectors of one group.
+//   2. Reduce-scatter across a group's lanes: at each of the first log2(kU) butterfly levels a
+//      lane keeps half of the statistics it carries and swaps the other half with its partner
+//      (one shuffle per statistic kept, not per statistic carried); the remaining levels are a
+//      plain butterfly. Lane l then holds the whole statistic of vector j(l) = bits of l's offset
+//      in its group segment (the lanes of one segment sharing j hold the same).
+//   3. Each lane computes the parameters of the group it holds (paramsFromAbsmax /
+//      paramsFromMinMax, the reciprocal) once, where every lane used to compute those of all kU
+//      vectors; its first holder stores them; every lane then fetches each vector's parameters
+//      from a holder with one shuffle per value.
+//   4. Each element's code (quantizeWithReciprocal, or quantizeScaled / quantizeStochastic /
+//      zeroScaleCode as codec.h encodeGroupT decides), stored with wide stores.
+// min, max and the non-finite flag do not depend on the order of reduction, and the parameters
+// are codec.h's functions of them, so the bytes are the CPU loop's.
 template <int kBits, bool kSym, int kVec>
 __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVec)][kVec],
                                            int64_t base, const SlabTarget& t, const Noise& noise) {
   constexpr int kTile = kWarp * kVec;
   constexpr int kU = kSlab / kTile;
+  constexpr int kHalvings = kU == 8 ? 3 : (kU == 4 ? 2 : (kU == 2 ? 1 : 0));
+  static_assert((1 << kHalvings) == kU, "kU");
   const int lane = threadIdx.x % kWarp;
   const int gs = 1 << t.groupShift;
-  const int lanesPerGroup = gs / kVec < kWarp ? gs / kVec : kWarp;
+  const int segShift = gs / kVec < kWarp ? t.groupShift - (__ffs(kVec) - 1) : 5;  // log2 lanes
   const int vecsPerGroup = gs > kTile ? gs / kTile : 1;
 
-  // 1. this lane's part of each vector's group: lo = absmax (symmetric) or min, hi = max. fminf
-  //    and fmaxf skip a NaN, but a NaN or Inf marks the group bad and then no one reads them
-  float lo[kU], hi[kU];
-  int bad[kU];
+  // 1. this lane's part of each vector's group; then its vectors of one group (aligned runs of
+  //    vecsPerGroup vectors; afterwards every vector of a run holds the run's statistic)
+  SlabStat st[kU];
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
-    bad[j] = 0;
     if (kSym) {
-      lo[j] = 0.0f;
+      st[j].lo = fabsf(v[j][0]);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        bad[j] |= nonFinite(v[j][k]);
-        lo[j] = fmaxf(bitsFloat(floatBits(v[j][k]) & 0x7fffffffu), lo[j]);
-      }
-      hi[j] = 0.0f;
+      for (int k = 1; k < kVec; ++k) st[j].lo = maxNaN(st[j].lo, fabsf(v[j][k]));
+      st[j].hi = 0.0f;
     } else {
-      lo[j] = hi[j] = v[j][0];
+      st[j].lo = st[j].hi = v[j][0];
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float x = v[j][k];
-        bad[j] |= nonFinite(x);
-        lo[j] = fminf(x, lo[j]);
-        hi[j] = fmaxf(x, hi[j]);
+      for (int k = 1; k < kVec; ++k) {
+        st[j].lo = fminf(st[j].lo, v[j][k]);
+        st[j].hi = maxNaN(st[j].hi, v[j][k]);
       }
     }
   }
-  // 2. groups longer than a tile: combine the lane's vectors of one group (aligned runs of
-  //    vecsPerGroup vectors); afterwards every vector of the run holds the combination
 #pragma unroll
   for (int s = 1; s < kU; s *= 2) {
     if (s < vecsPerGroup) {
 #pragma unroll
       for (int j = 0; j < kU; ++j) {
-        if ((j & s) == 0) {
-          if (kSym) {
-            lo[j] = lo[j + s] > lo[j] ? lo[j + s] : lo[j];
-            lo[j + s] = lo[j];
-          } else {
-            lo[j] = lo[j + s] < lo[j] ? lo[j + s] : lo[j];
-            hi[j] = hi[j + s] > hi[j] ? hi[j + s] : hi[j];
-            lo[j + s] = lo[j];
-            hi[j + s] = hi[j];
-          }
-          bad[j] |= bad[j + s];
-          bad[j + s] = bad[j];
-        }
+        if ((j & s) == 0) st[j] = st[j + s] = combineStats<kSym>(st[j], st[j + s]);
       }
     }
   }
-  // 3. across the lanes of a group (an aligned segment of lanesPerGroup lanes)
-  for (int o = lanesPerGroup / 2; o > 0; o /= 2) {
-#pragma unroll
-    for (int j = 0; j < kU; ++j) {
-      const float l2 = __shfl_xor_sync(0xffffffffu, lo[j], o);
-      if (kSym) {
-        lo[j] = l2 > lo[j] ? l2 : lo[j];
-      } else {
-        const float h2 = __shfl_xor_sync(0xffffffffu, hi[j], o);
-        lo[j] = l2 < lo[j] ? l2 : lo[j];
-        hi[j] = h2 > hi[j] ? h2 : hi[j];
-      }
-    }
-  }
-  const uint32_t segment = lanesPerGroup == kWarp
-                               ? 0xffffffffu
-                               : ((1u << lanesPerGroup) - 1u) << (lane & ~(lanesPerGroup - 1));
-#pragma unroll
-  for (int j = 0; j < kU; ++j) bad[j] = (__ballot_sync(0xffffffffu, bad[j]) & segment) != 0u;
 
-    // 4. parameters, codes
+  // 2. reduce-scatter over the segment's lanes (2^segShift >= kU of them, as gs >= kWarp):
+  //    halving h at distance o = 2^(segShift - 1 - h); the lanes with that bit set keep the upper
+  //    half of the m statistics carried, the others the lower half
+#pragma unroll
+  for (int h = 0; h < kHalvings; ++h) {
+    const int m = kU >> h;
+    const int o = 1 << (segShift - 1 - h);
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int k = 0; k < kU / 2; ++k) {
+      if (k < m / 2) {
+        const SlabStat send = upper ? st[k] : st[k + m / 2];
+        const SlabStat keep = upper ? st[k + m / 2] : st[k];
+        st[k] = combineStats<kSym>(keep, shuffleStat<kSym>(send, o));
+      }
+    }
+  }
+  for (int o = (1 << (segShift - kHalvings)) / 2; o > 0; o /= 2) {
+    st[0] = combineStats<kSym>(st[0], shuffleStat<kSym>(st[0], o));
+  }
+
+  // 3. the parameters of the group this lane holds: vector j, segment seg
+  const int jShift = segShift - kHalvings;
+  const int heldJ = (lane >> jShift) & (kU - 1);
+  const int seg = lane >> segShift;
+  GroupParams held;
+  if (kSym) {
+    held = paramsFromAbsmax(st[0].lo, nonFinite(st[0].lo), kBits);
+  } else {
+    held = paramsFromMinMax(st[0].lo, st[0].hi, nonFinite(st[0].lo) | nonFinite(st[0].hi), kBits);
+  }
+  const float heldRcp = fastScaleRange(held.scale) ? 1.0f / held.scale : 0.0f;
+  // its first holder stores them: the segment's lowest lane of vector j, and of a run's first j
+  if ((lane & ((1 << jShift) - 1)) == 0 && heldJ % vecsPerGroup == 0) {
+    const int64_t e = base + heldJ * kTile + (seg << segShift) * kVec;
+    storeParamsAt<kSym>(t.meta, t.groups, e >> t.groupShift, held);
+  }
+
+  // 4. every vector: its group's parameters from a holder, then the codes
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
-    const GroupParams p = kSym ? paramsFromAbsmax(lo[j], bad[j], kBits)
-                               : paramsFromMinMax(lo[j], hi[j], bad[j], kBits);
-    const int off = j * kTile + lane * kVec;
-    const int64_t e = base + off;
-    if ((off & (gs - 1)) == 0) storeParamsAt<kSym>(t.meta, t.groups, e >> t.groupShift, p);
+    const int holder = (seg << segShift) | (j << jShift);
+    GroupParams p;
+    p.scale = __shfl_sync(0xffffffffu, held.scale, holder);
+    p.mid = kSym ? 0.0f : __shfl_sync(0xffffffffu, held.mid, holder);
+    const float rcp = __shfl_sync(0xffffffffu, heldRcp, holder);
+    const int64_t e = base + j * kTile + lane * kVec;
     const bool finite = paramsFinite(p);
     const bool constant = finite && p.scale == 0.0f;
     uint32_t q[kVec];
     if (finite && !noise.on && fastScaleRange(p.scale)) {  // the common case, straight-line
-      const float rcp = 1.0f / p.scale;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) q[k] = quantizeWithReciprocal<kBits, kSym>(v[j][k], p, rcp);
       storeCodes<kBits, kVec>(t.data, e, q);

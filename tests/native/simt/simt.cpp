@@ -266,13 +266,13 @@ void warpSync(Op op, unsigned mask) {
   if (orders) tsanAcquire(&w.order[was & 1]);
 }
 
-uint64_t shuffleWord(unsigned mask, uint64_t v, int laneMask) {
+uint64_t shuffleWord(unsigned mask, uint64_t v, int src, bool isXor) {
   Block& b = block();
   Warp& w = b.warps[size_t(b.cur / 32)];
   const int lane = b.cur % 32;
   w.slots[lane] = v;
   warpSync(Op::kShuffle, mask);
-  const uint64_t r = w.slots[(lane ^ laneMask) & 31];
+  const uint64_t r = w.slots[(isXor ? lane ^ src : src) & 31];
   warpSync(Op::kShuffle, mask);  // nobody overwrites a slot before every lane has read
   return r;
 }

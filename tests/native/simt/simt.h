@@ -6,7 +6,8 @@
 // Model. A launch runs every block at once, each on its own OS thread (a kernel may wait on
 // another rank's blocks, as the fused two_step does); inside a block each CUDA thread is a fiber
 // (ucontext), switched cooperatively at the synchronising operations: __syncthreads, named
-// barriers (bar.sync id, count), __syncwarp, __shfl_xor_sync, __ballot_sync and __nanosleep.
+// barriers (bar.sync id, count), __syncwarp, __shfl_xor_sync, __shfl_sync, __ballot_sync and
+// __nanosleep.
 // `__shared__` is a thread_local static, so it is per block. Memory is host memory; the atomics and
 // fences are C++'s.
 //
@@ -79,17 +80,18 @@ Launcher<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_
   return Launcher<P...>{kernel, grid.x, block.x};
 }
 
-// The exchange itself (simt.cpp): the calling lane offers `v` and gets lane (lane ^ laneMask)'s
-// word. Like the hardware, it orders no memory: only __syncwarp and __syncthreads do.
-uint64_t shuffleWord(unsigned mask, uint64_t v, int laneMask);
+// The exchange itself (simt.cpp): the calling lane offers `v` and gets the word of lane
+// (own lane ^ lane) when `isXor`, else of lane `lane`. Like the hardware, it orders no memory: only
+// __syncwarp and __syncthreads do.
+uint64_t shuffleWord(unsigned mask, uint64_t v, int lane, bool isXor);
 unsigned ballot(unsigned mask, int pred);
 
 template <class T>
-T shuffleXor(unsigned mask, T v, int laneMask) {
+T shuffle(unsigned mask, T v, int lane, bool isXor) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a wide type");
   uint64_t w = 0;
   std::memcpy(&w, &v, sizeof(T));
-  w = shuffleWord(mask, w, laneMask);
+  w = shuffleWord(mask, w, lane, isXor);
   T r;
   std::memcpy(&r, &w, sizeof(T));
   return r;
@@ -114,7 +116,12 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
 template <class T>
 inline T __shfl_xor_sync(unsigned mask, T v, int laneMask, int width = 32) {
   (void)width;
-  return ::qcomm::simt::shuffleXor(mask, v, laneMask);
+  return ::qcomm::simt::shuffle(mask, v, laneMask, true);
+}
+template <class T>
+inline T __shfl_sync(unsigned mask, T v, int srcLane, int width = 32) {
+  (void)width;
+  return ::qcomm::simt::shuffle(mask, v, srcLane, false);
 }
 inline unsigned __ballot_sync(unsigned mask, int pred) { return ::qcomm::simt::ballot(mask, pred); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
