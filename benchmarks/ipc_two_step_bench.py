@@ -116,7 +116,12 @@ def main() -> int:
         f"{sms // world} blocks per rank, tiles of "
         f"{os.environ.get('QCOMM_IPC_TILE_ELEMS', '4096')} elements (QCOMM_IPC_TILE_ELEMS), "
         f"task groups of {os.environ.get('QCOMM_IPC_TASK_WARPS', '8')} warps "
-        "(QCOMM_IPC_TASK_WARPS)"
+        "(QCOMM_IPC_TASK_WARPS), "
+        + (
+            "a system fence before every flag release (QCOMM_IPC_RELEASE_FENCE=1)"
+            if os.environ.get("QCOMM_IPC_RELEASE_FENCE") == "1"
+            else "release stores without a fence"
+        )
     )
     print("| MiB/rank | bits | time_us | us per MiB of one rank | copy_us (W msgs) | x copy |")
     print("|---|---|---|---|---|---|")

@@ -96,6 +96,11 @@ struct IpcTwoStepArgs {
   // (ipc_protocol.h, IpcPhase) the clock cycles its blocks spent there, summed over blocks, then
   // the number of (block, piece) runs
   unsigned long long* profile;
+  // QCOMM_IPC_RELEASE_FENCE=1: a system-scope fence (fence.sc.sys) before every flag's release
+  // store, as the kernel did until 2026-11-30. 0 (the default): the release store alone, whose
+  // release semantics cover the task group's writes that its barrier ordered before it (PTX
+  // memory model: bar.sync synchronizes, release is cumulative). The same bytes either way.
+  int releaseFence;
 };
 
 // The phases the profile splits a block's time into, in protocol order.

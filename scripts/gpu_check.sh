@@ -6,7 +6,8 @@
 # agreement on settings; the NCCL transport at world size 1), benchmarks the codec kernels
 # against device-to-device copy (also with QCOMM_CUDA_PREFETCH=1, side by side) and the fused
 # two_step's cost per byte (and, profiled, where its time goes at two tile sizes and three
-# task-group sizes), runs the cost model on what it measured, and writes logs and CSV under $OUT
+# task-group sizes, and with the old release fence), runs the cost model on what it measured, and
+# writes logs and CSV under $OUT
 # (default out/gpu_check). Uses the machine's python with torch preinstalled (no network there);
 # prints a short table last.
 set -uo pipefail
@@ -144,29 +145,34 @@ run_step 90 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
 # tiles 4x larger (QCOMM_IPC_TILE_ELEMS: a quarter of the flags, fences and barriers per byte)
 # and task groups of fewer warps (QCOMM_IPC_TASK_WARPS: 2 or 8 independent groups per block, so
 # one group's round trips and fences overlap the others' work)
+# and, at tiles of 4096, the release fence the kernel used to issue before every flag
+# (QCOMM_IPC_RELEASE_FENCE=1) against the release store alone (the default)
+shape() {  # shape TILE TASK_WARPS RELEASE_FENCE
+  step "fused CUDA-IPC two_step profiled, tiles of $1 elements, task groups of $2 warps, fence $3"
+  run_step 40 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS=$1 \
+    QCOMM_IPC_TASK_WARPS=$2 QCOMM_IPC_RELEASE_FENCE=$3 "$PY" benchmarks/ipc_two_step_bench.py \
+    --world 2 --sizes-mib 64 --bits 8/8 --profile --csv "$OUT/fused_shape_tile${1}_tw${2}_rf${3}.csv"
+}
 for TW in 8 4 1; do
-  for TILE in 4096 16384; do
-    step "fused CUDA-IPC two_step profiled, tiles of $TILE elements, task groups of $TW warps"
-    run_step 40 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS=$TILE \
-      QCOMM_IPC_TASK_WARPS=$TW "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 \
-      --bits 8/8 --profile --csv "$OUT/fused_shape_tile${TILE}_tw${TW}.csv"
-  done
+  for TILE in 4096 16384; do shape $TILE $TW 0; done
 done
+for TW in 8 1; do shape 4096 $TW 1; done
 step "fused CUDA-IPC two_step: the launch shapes side by side (64 MiB, 8/8, 2 ranks)"
 run_step 15 "$OUT/fused.txt" "$PY" - "$OUT" <<'EOF'
 import csv, glob, os, re, sys
 rows = []
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "fused_shape_tile*_tw*.csv"))):
-    tile, tw = re.search(r"tile(\d+)_tw(\d+)", path).groups()
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "fused_shape_tile*_tw*_rf*.csv"))):
+    tile, tw, rf = (int(g) for g in re.search(r"tile(\d+)_tw(\d+)_rf(\d)", path).groups())
     for r in csv.DictReader(open(path)):
-        rows.append((float(r["time_us"]) * 2, int(tile), int(tw)))  # the rows hold t / W
+        rows.append((float(r["time_us"]) * 2, tile, tw, rf))  # the rows hold t / W
 if not rows:
     sys.exit("no launch-shape results")
-base = next((t for t, tile, tw in rows if (tile, tw) == (4096, 8)), None)
-print("| tile | task warps | us (both ranks) | x the default (4096, 8) |")
-print("|---|---|---|---|")
-for t, tile, tw in sorted(rows):
-    print(f"| {tile} | {tw} | {t:.1f} | {base / t:.2f} |" if base else f"| {tile} | {tw} | {t:.1f} | - |")
+base = next((t for t, tile, tw, rf in rows if (tile, tw, rf) == (4096, 8, 0)), None)
+print("| tile | task warps | release fence | us (both ranks) | x the default (4096, 8, no fence) |")
+print("|---|---|---|---|---|")
+for t, tile, tw, rf in sorted(rows, key=lambda r: r[1:]):
+    x = f"{base / t:.2f}" if base else "-"
+    print(f"| {tile} | {tw} | {'yes' if rf else 'no'} | {t:.1f} | {x} |")
 EOF
 
 step "tests: IPC set-up agreement across ranks, calls on different streams"

@@ -173,8 +173,12 @@ struct DeviceExec {
   __device__ void setGiveUp() const { *giveUp = 1; }
   __device__ bool gaveUp() const { return *giveUp != 0; }
 
+  // The group's barrier has ordered its threads' writes of the tile before this (the leader's)
+  // release store, and a release is cumulative over them (PTX memory model), so a peer's acquire
+  // of the flag sees the whole tile: no fence is needed before it (a.releaseFence adds the
+  // system-scope one the kernel used to issue, to time the two).
   __device__ void release(uint32_t* flag, uint32_t v) const {
-    __threadfence_system();
+    if (a.releaseFence) __threadfence_system();
     storeRelease(flag, v);
   }
 
