@@ -228,7 +228,22 @@ __global__ void __launch_bounds__(kBlock, 2)
 }
 
 // Blocks to launch: what the work needs, at most what the chip holds at once (the kernels are
-// grid-stride). The resident count per SM is computed once per kernel.
+// grid-stride), and, when the work takes several turns of the grid, about the same number of turns
+// for every block (balancedGrid): ceil(needed / turns) blocks rather than the whole chip, so no
+// last turn runs with a fraction of the grid (64 MiB of fp32: 16384 slabs over 3168 resident
+// warps were 5.17 turns, so six, the last 17% full; now 2736 warps take six or five). The
+// resident count per SM is computed once per kernel.
+}  // namespace
+
+int balancedGrid(int64_t needed, int64_t cap) {
+  if (needed < 1) return 1;
+  if (cap < 1) cap = 1;
+  const int64_t turns = (needed + cap - 1) / cap;
+  return int((needed + turns - 1) / turns);
+}
+
+namespace {
+
 template <auto kKernel>
 int gridFor(int64_t blocksNeeded) {
   static const int perSm = [] {
@@ -246,8 +261,7 @@ int gridFor(int64_t blocksNeeded) {
     (void)cudaGetLastError();
     sms = 132;
   }
-  const int64_t cap = int64_t(sms) * perSm;
-  return int(blocksNeeded < 1 ? 1 : (blocksNeeded > cap ? cap : blocksNeeded));
+  return balancedGrid(blocksNeeded, int64_t(sms) * perSm);
 }
 
 int64_t slabBlocks(int64_t n) {

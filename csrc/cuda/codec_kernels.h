@@ -29,5 +29,11 @@ cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void*
                             int32_t localDtype, int64_t n, float* partial, const CodecSpec& out,
                             uint8_t* dst, const Noise& noise, cudaStream_t stream);
 
+// The grid of a grid-stride codec kernel whose work is `needed` blocks when at most `cap` are
+// resident: ceil(needed / turns) with turns = ceil(needed / cap), the fewest blocks that finish
+// in as many turns as the whole chip would, so every block takes `turns` or `turns - 1` (at least
+// 1 block; at most cap). Exposed for the emulator's check.
+int balancedGrid(int64_t needed, int64_t cap);
+
 }  // namespace gpu
 }  // namespace qcomm

@@ -247,7 +247,33 @@ int main(int argc, char** argv) {
       checkEncodeDecode(dtype, CodecSpec{0, 128, 1, raw}, 1500, 0, false, 1, gen);
     }
   }
+  // messages that take several turns of the grid (the emulator's chip holds QCOMM_SIMT_SMS = 2
+  // blocks of 8 warps): 41 whole slabs and a partial one, so warps take up to 3 slabs each
+  for (int32_t dtype : dtypes) {
+    for (int sym : {1, 0}) {
+      checkEncodeDecode(dtype, CodecSpec{8, 128, sym, kFloat32}, 41 * 1024 + 77, 0, false, 1, gen);
+      if (!quick) {
+        checkEncodeDecode(dtype, CodecSpec{4, 32, sym, kFloat32}, 41 * 1024 + 77, 0, false, 0, gen);
+      }
+    }
+  }
   std::printf("encode/decode: %lld cases, %d differences\n", (long long)(cases - before), failures);
+
+  // the codec kernels' grids: never more than resident, every block the same number of turns
+  for (int64_t cap = 1; cap <= 40; ++cap) {
+    for (int64_t needed = 0; needed <= 200; ++needed) {
+      const int64_t g = qcomm::gpu::balancedGrid(needed, cap);
+      const int64_t want = needed < 1 ? 1 : (needed + cap - 1) / cap;  // turns of the whole chip
+      const bool ok = g >= 1 && g <= cap &&
+                      (needed < 1 || (g <= needed && (needed + g - 1) / g == want &&
+                                      (g == 1 || (needed + g - 2) / (g - 1) > want)));
+      if (!ok) {
+        ++failures;
+        std::fprintf(stderr, "DIFFER balancedGrid(%lld, %lld) = %lld\n", (long long)needed,
+                     (long long)cap, (long long)g);
+      }
+    }
+  }
 
   // 2. the fused ring hop, each input codec into each output codec, fp32 partial aliasing the
   //    local input as the ring does in place
