@@ -291,7 +291,8 @@ QCOMM_HD uint32_t quantizeScaled(float v, const GroupParams& p) {
 
 // quantizeScaled without a division per element, for the GPU's encoders (an IEEE division there
 // is a reciprocal approximation, its refinement and a range check with a slow path). Equal to
-// quantizeScaled, bit for bit, for finite v and a scale inside fastScaleRange (tested by
+// quantizeScaled, bit for bit, for finite v of the group whose parameters p are (symmetric:
+// |v| <= the absmax p came from) and a scale inside fastScaleRange (tested by
 // tests/native/simt/codec_main.cpp, and by every CUDA codec test through the kernels).
 //
 // Why: rcp = RN(1/s) is computed once per group. q0 = RN(x * rcp) is within 2 ulps of x/s; one
@@ -309,13 +310,16 @@ QCOMM_HD float divideByScale(float x, float s, float rcp) {
   return fmaf(fmaf(-q1, s, x), rcp, q1);
 }
 
-// The clamps as min/max: t is finite here, where they equal quantizeScaled's comparisons.
+// Symmetric: no clamp. s = RN(absmax / qmax) (paramsFromAbsmax; a normal number, in range) is at
+// least (absmax / qmax)(1 - 2^-24), so |v| / s < qmax (1 + 2^-23) for |v| <= absmax: RN of it is
+// at most two ulps above qmax (2^-17 each for 127, 2^-21 for 7), far below qmax + 1/2, so it
+// rounds to the code of the clamped t. Asymmetric parameters carry no such bound (RN(hi / L) -
+// RN(lo / L) may cancel), so that clamp stays, as min/max: t is finite here, where they equal
+// quantizeScaled's comparisons.
 template <int kBits, bool kSym>
 QCOMM_HD uint32_t quantizeWithReciprocal(float v, const GroupParams& p, float rcp) {
   if (kSym) {
-    const float qmax = qmaxSym(kBits);
-    const float t = fminf(fmaxf(divideByScale(v, p.scale, rcp), -qmax), qmax);
-    return uint32_t(roundToInt(t)) & (kBits == 8 ? 0xffu : 0xfu);
+    return uint32_t(roundToInt(divideByScale(v, p.scale, rcp))) & (kBits == 8 ? 0xffu : 0xfu);
   }
   const float levels = levelsAsym(kBits);
   const float t = divideByScale(v - p.mid, p.scale, rcp) + levels * 0.5f;

@@ -201,6 +201,9 @@ void checkReciprocal(int64_t n, std::mt19937& gen) {
       default:
         v = std::ldexp(unit(gen), expo(gen) - 90);
     }
+    // symmetric: the encoders quantize only values of the group, |v| <= its absmax (span); the
+    // boundaries past qmax - 1/2 then come from v = +-span
+    if (kSym && std::fabs(v) > span) v = std::copysign(span, v);
     ++cases;
     const uint32_t want = quantizeScaled<kBits, kSym>(v, p);
     const uint32_t got = quantizeWithReciprocal<kBits, kSym>(v, p, 1.0f / p.scale);
