@@ -392,16 +392,31 @@ QCOMM_HD float clampToFinite(float v) {
   return v > kMax ? kMax : (v < -kMax ? -kMax : v);
 }
 
-// Decode one stored code.
+// Decode one stored code, before clampToFinite: q * scale (symmetric; q from -2^(bits-1) to
+// 2^(bits-1) - 1), or mid + (code - L/2) * scale.
 template <int kBits, bool kSym>
-QCOMM_HD float dequantizeOne(uint32_t code, const GroupParams& p) {
+QCOMM_HD float dequantizeUnclamped(uint32_t code, const GroupParams& p) {
   if (kSym) {
     const int q = kBits == 8 ? int(int8_t(uint8_t(code))) : int((code ^ 8u) & 0xfu) - 8;
-    return clampToFinite(float(q) * p.scale);
+    return float(q) * p.scale;
   }
   const float centred = float(int(code)) - levelsAsym(kBits) * 0.5f;
   const float scaled = centred * p.scale;
-  return clampToFinite(p.mid + scaled);
+  return p.mid + scaled;
+}
+
+// Decode one stored code.
+template <int kBits, bool kSym>
+QCOMM_HD float dequantizeOne(uint32_t code, const GroupParams& p) {
+  return clampToFinite(dequantizeUnclamped<kBits, kSym>(code, p));
+}
+
+// Whether no code of a group with parameters p decodes to a magnitude that clampToFinite changes:
+// |scale| <= 2^119 (and |mid| <= 2^126, asymmetric) keeps every |q * scale| and |mid + c * scale|
+// (|q| <= 128, |c| <= 127.5) below 2^127 < FLT_MAX. False for a NaN or Inf parameter.
+template <bool kSym>
+QCOMM_HD bool decodesFinite(const GroupParams& p) {
+  return fabsf(p.scale) <= 0x1p119f && (kSym || fabsf(p.mid) <= 0x1p126f);
 }
 
 QCOMM_HD GroupParams loadParams(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g) {

@@ -131,25 +131,40 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
     uint32_t q[kDecodeUnroll][4];
     GroupParams p[kDecodeUnroll];
     loadItems<kBits, kSym>(data, meta, groups, shift, first, kBlock, items, q, p);
+    // one test for the step: when every item's group decodes finite (decodesFinite, the common
+    // case) clampToFinite is the identity and is skipped, a clamp per element fewer
+    bool finite = true;
 #pragma unroll
     for (int u = 0; u < kDecodeUnroll; ++u) {
-      const int64_t i = first + u * kBlock;
-      if (i < items) {
-        float4 v;
-        v.x = dequantizeOne<kBits, kSym>(q[u][0], p[u]);
-        v.y = dequantizeOne<kBits, kSym>(q[u][1], p[u]);
-        v.z = dequantizeOne<kBits, kSym>(q[u][2], p[u]);
-        v.w = dequantizeOne<kBits, kSym>(q[u][3], p[u]);
-        float4* o = reinterpret_cast<float4*>(out) + i;
-        if (accumulate) {
-          const float4 a = *o;
-          v.x = a.x + v.x;
-          v.y = a.y + v.y;
-          v.z = a.z + v.z;
-          v.w = a.w + v.w;
+      if (first + u * kBlock < items) finite = finite && decodesFinite<kSym>(p[u]);
+    }
+    auto items4 = [&](auto decodeCode) {
+#pragma unroll
+      for (int u = 0; u < kDecodeUnroll; ++u) {
+        const int64_t i = first + u * kBlock;
+        if (i < items) {
+          float4 v;
+          v.x = decodeCode(q[u][0], p[u]);
+          v.y = decodeCode(q[u][1], p[u]);
+          v.z = decodeCode(q[u][2], p[u]);
+          v.w = decodeCode(q[u][3], p[u]);
+          float4* o = reinterpret_cast<float4*>(out) + i;
+          if (accumulate) {
+            const float4 a = *o;
+            v.x = a.x + v.x;
+            v.y = a.y + v.y;
+            v.z = a.z + v.z;
+            v.w = a.w + v.w;
+          }
+          *o = v;
         }
-        *o = v;
       }
+    };
+    if (finite) {
+      items4(
+          [](uint32_t c, const GroupParams& g) { return dequantizeUnclamped<kBits, kSym>(c, g); });
+    } else {
+      items4([](uint32_t c, const GroupParams& g) { return dequantizeOne<kBits, kSym>(c, g); });
     }
   }
   // the scalar path: elements past the last whole item, or all of them when unaligned
@@ -214,10 +229,10 @@ __global__ void __launch_bounds__(kBlock, 2)
 #pragma unroll
       for (int j = 0; j < kU; ++j) {
         const int64_t e = base + j * kTile + lane * kVec;
+        float d[kVec];
+        dequantize4<kInBits, kInSym>(q[j], p[j], d);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          v[j][k] = dequantizeOne<kInBits, kInSym>(q[j][k], p[j]) + v[j][k];
-        }
+        for (int k = 0; k < kVec; ++k) v[j][k] = d[k] + v[j][k];
         *reinterpret_cast<float4*>(partial + e) = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
       }
       encodeSlab<kOutBits, kOutSym, kVec>(v, base, t, noise);

@@ -360,11 +360,10 @@ struct DeviceExec {
       }
 #pragma unroll
       for (int j = 0; j < kU; ++j) {
+        float d[kVec];
+        dequantize4<K::bits, K::sym>(c[j], p[j], d);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const float d = dequantizeOne<K::bits, K::sym>(c[j][k], p[j]);
-          v[j][k] = q == 0 ? d : v[j][k] + d;
-        }
+        for (int k = 0; k < kVec; ++k) v[j][k] = q == 0 ? d[k] : v[j][k] + d[k];
       }
     }
     if (a.average) {
@@ -410,15 +409,14 @@ struct DeviceExec {
           if (q < a.world) loadCodes4<K::bits>(data[q], begin + 4 * i, c[q]);
         }
         float acc[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[j] = dequantizeOne<K::bits, K::sym>(c[0][j], p[0]);
+        dequantize4<K::bits, K::sym>(c[0], p[0], acc);
 #pragma unroll
         for (int q = 1; q < kIpcMaxRanks; ++q) {
           if (q < a.world) {
+            float d[4];
+            dequantize4<K::bits, K::sym>(c[q], p[q], d);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              acc[j] = acc[j] + dequantizeOne<K::bits, K::sym>(c[q][j], p[q]);
-            }
+            for (int j = 0; j < 4; ++j) acc[j] = acc[j] + d[j];
           }
         }
         if (a.average) {
@@ -484,8 +482,7 @@ struct DeviceExec {
           const int64_t i = first + u * threads;
           if (i < items) {
             float v[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = dequantizeOne<K::bits, K::sym>(q[u][j], p[u]);
+            dequantize4<K::bits, K::sym>(q[u], p[u], v);
             storeFloats(x + 4 * i, v);
           }
         }

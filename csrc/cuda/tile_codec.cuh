@@ -140,6 +140,21 @@ __device__ __forceinline__ void loadItems(const uint8_t* data, const float* meta
   }
 }
 
+// dequantizeOne of an item's 4 codes (one group, parameters p), the same values: where
+// decodesFinite(p) (the common case, one test per item) clampToFinite is the identity and is
+// skipped, a clamp per element fewer.
+template <int kBits, bool kSym>
+__device__ __forceinline__ void dequantize4(const uint32_t (&q)[4], const GroupParams& p,
+                                            float (&v)[4]) {
+  if (decodesFinite<kSym>(p)) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = dequantizeUnclamped<kBits, kSym>(q[k], p);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = dequantizeOne<kBits, kSym>(q[k], p);
+  }
+}
+
 // Store the kVec codes of elements e..e+kVec-1 (e a multiple of kVec) into a data section: one
 // access of kVec bytes (8-bit) or kVec / 2 bytes (4-bit, even element in the low nibble).
 template <int kBits, int kVec>

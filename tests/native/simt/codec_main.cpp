@@ -64,6 +64,10 @@ std::vector<float> values(int64_t n, std::mt19937& gen, int variant) {
     for (int64_t i = 2048; i < n && i < 2304; ++i) v[size_t(i)] = (i & 1) ? 0.0f : -0.0f;
     for (int64_t i = 2304; i < n && i < 2560; ++i) v[size_t(i)] = big * std::sin(float(i));
     for (int64_t i = 2560; i < n && i < 2816; ++i) v[size_t(i)] = 1e-42f * float(i % 7 - 3);
+    // groups that reach +-FLT_MAX: 127 * RN(FLT_MAX / 127) rounds to Inf, which the decoders'
+    // clampToFinite must turn back into FLT_MAX
+    for (int64_t i = 2816; i < n && i < 2944; ++i)
+      v[size_t(i)] = (i & 1 ? big : -big) / float(1 + i % 3);
     if (n > 3000) v[3000] = 1e4f;  // an outlier
   }
   return v;

@@ -98,6 +98,15 @@ bool runCase(const Case& k, std::mt19937& gen) {
     for (int r = 0; r < W; ++r) {
       std::vector<float> v(size_t(k.numel));
       for (float& x : v) x = normal(gen) * float(1 + r);
+      // elements 1024..1279: the dtype's largest value on ranks 0 and 1, with opposite signs, so
+      // the sum stays finite while each copy's group reaches the top: 127 * RN(FLT_MAX / 127)
+      // rounds to Inf, which the owner's decode must clamp back to FLT_MAX
+      const float top = k.dtype == kFloat32    ? 3.40282347e38f
+                        : k.dtype == kBFloat16 ? 3.38953139e38f
+                                               : 65504.0f;
+      for (int64_t i = 1024; r < 2 && i < k.numel && i < 1280; ++i) {
+        v[size_t(i)] = ((i & 1) == (r & 1) ? top : -top);
+      }
       kd[size_t(r)].resize(size_t(k.numel * eb));
       castFromFloat(v.data(), k.numel, k.dtype, kd[size_t(r)].data());
       hd[size_t(r)] = kd[size_t(r)];
@@ -239,7 +248,8 @@ int main(int argc, char** argv) {
       {2, 2, kFloat32, 70001, 8, 8, false, false, false, 128, 64 << 10, 3},
       {4, 3, kBFloat16, 60000, 4, 8, true, false, false, 128, 64 << 10, 2},
       {3, 1, kFloat16, 25003, 8, 4, false, true, true, 64, 128 << 10, 2},
-      {2, 3, kFloat32, 90001, 8, 8, false, false, false, 128, 256 << 10, 2, 16384},
+      // symmetric 8-bit fp32: copies whose groups reach FLT_MAX decode through the clamp
+      {2, 3, kFloat32, 90001, 8, 8, true, false, false, 128, 256 << 10, 2, 16384},
       // task groups of one warp (QCOMM_IPC_TASK_WARPS=1): 8 independent groups per block
       {2, 2, kFloat32, 90001, 8, 8, false, false, false, 128, 256 << 10, 2, kIpcTileElems, 1},
       // groups of two warps: 4 per block, each at its own named barrier
