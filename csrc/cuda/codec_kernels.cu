@@ -131,12 +131,13 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
     uint32_t q[kDecodeUnroll][4];
     GroupParams p[kDecodeUnroll];
     loadItems<kBits, kSym>(data, meta, groups, shift, first, kBlock, items, q, p);
-    // one test for the step: when every item's group decodes finite (decodesFinite, the common
-    // case) clampToFinite is the identity and is skipped, a clamp per element fewer
+    // one test for the step, without branches: when every item's group decodes finite
+    // (decodesFinite, the common case) clampToFinite is the identity and is skipped, a clamp per
+    // element fewer
     bool finite = true;
 #pragma unroll
     for (int u = 0; u < kDecodeUnroll; ++u) {
-      if (first + u * kBlock < items) finite = finite && decodesFinite<kSym>(p[u]);
+      finite &= (first + u * kBlock >= items) | decodesFinite<kSym>(p[u]);
     }
     auto items4 = [&](auto decodeCode) {
 #pragma unroll
