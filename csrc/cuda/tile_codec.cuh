@@ -322,19 +322,40 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
     storeParamsAt<kSym>(t.meta, t.groups, e >> t.groupShift, held);
   }
 
-  // 4. every vector: its group's parameters from a holder, then the codes
-#pragma unroll
-  for (int j = 0; j < kU; ++j) {
+  // 4. every vector: its group's parameters from a holder, then the codes. Every group of the
+  //    slab has a holder, so when every lane's held group takes the reciprocal path (one ballot;
+  //    the common case) the vectors skip their own tests
+  const bool allFast =
+      __ballot_sync(0xffffffffu, !noise.on && fastScaleRange(held.scale)) == 0xffffffffu;
+  auto fetch = [&](int j, GroupParams& p, float& rcp) {
     const int holder = (seg << segShift) | (j << jShift);
-    GroupParams p;
     p.scale = __shfl_sync(0xffffffffu, held.scale, holder);
     p.mid = kSym ? 0.0f : __shfl_sync(0xffffffffu, held.mid, holder);
-    const float rcp = __shfl_sync(0xffffffffu, heldRcp, holder);
+    rcp = __shfl_sync(0xffffffffu, heldRcp, holder);
+  };
+  if (allFast) {
+#pragma unroll
+    for (int j = 0; j < kU; ++j) {
+      GroupParams p;
+      float rcp;
+      fetch(j, p, rcp);
+      uint32_t q[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) q[k] = quantizeWithReciprocal<kBits, kSym>(v[j][k], p, rcp);
+      storeCodes<kBits, kVec>(t.data, base + j * kTile + lane * kVec, q);
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kU; ++j) {
+    GroupParams p;
+    float rcp;
+    fetch(j, p, rcp);
     const int64_t e = base + j * kTile + lane * kVec;
     const bool finite = paramsFinite(p);
     const bool constant = finite && p.scale == 0.0f;
     uint32_t q[kVec];
-    if (finite && !noise.on && fastScaleRange(p.scale)) {  // the common case, straight-line
+    if (finite && !noise.on && fastScaleRange(p.scale)) {  // the reciprocal path
 #pragma unroll
       for (int k = 0; k < kVec; ++k) q[k] = quantizeWithReciprocal<kBits, kSym>(v[j][k], p, rcp);
       storeCodes<kBits, kVec>(t.data, e, q);
