@@ -37,7 +37,7 @@ __device__ __forceinline__ int64_t warpsInGrid() {
 
 // 3 blocks per SM: at most 85 registers, where the asymmetric fp32 and bf16 encoders once took
 // 89-105 and so fit only 2 (16 warps of a slab's loads each in flight, not 24). With encodeSlab's
-// reduce-scatter they take 66-80 and spill nothing.
+// reduce-scatter they take 69-80 and spill nothing.
 template <class T, int kBits, bool kSym>
 __global__ void __launch_bounds__(kBlock, 3)
     encodeKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise, bool prefetch) {
