@@ -5,6 +5,7 @@
 // pointers and the last, partial slab take the scalar paths (one warp per group, one thread per
 // element; warp_codec.cuh). Grids are sized to the chip and grid-stride, so any numel works.
 #include <cstdlib>
+#include <type_traits>
 
 #include "codec_kernels.h"
 #include "launch.cuh"
@@ -128,44 +129,67 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
         prefetchL2(meta + groups + ((4 * nextStep) >> shift));
       }
     }
-    uint32_t q[kDecodeUnroll][4];
-    GroupParams p[kDecodeUnroll];
-    loadItems<kBits, kSym>(data, meta, groups, shift, first, kBlock, items, q, p);
-    // one test for the step, without branches: when every item's group decodes finite
-    // (decodesFinite, the common case) clampToFinite is the identity and is skipped, a clamp per
-    // element fewer
-    bool finite = true;
+    // a whole step (every step of the grid but the last ones) needs no bound per item, and its
+    // items' groups are g0 + u * (4 kBlock >> shift): 4 kBlock = 1024 elements is a multiple of
+    // every group size, so one shift serves the step
+    const bool whole = first + (kDecodeUnroll - 1) * kBlock < items;
+    auto step = [&](auto wholeStep) {
+      constexpr bool kWhole = decltype(wholeStep)::value;
+      uint32_t q[kDecodeUnroll][4];
+      GroupParams p[kDecodeUnroll];
+      if (kWhole) {
+        const int64_t g0 = (4 * first) >> shift;
+        const int gStep = (4 * kBlock) >> shift;
 #pragma unroll
-    for (int u = 0; u < kDecodeUnroll; ++u) {
-      finite &= (first + u * kBlock >= items) | decodesFinite<kSym>(p[u]);
-    }
-    auto items4 = [&](auto decodeCode) {
+        for (int u = 0; u < kDecodeUnroll; ++u) {
+          loadCodes4<kBits>(data, 4 * (first + u * kBlock), q[u]);
+          p[u] = loadParamsAt<kSym>(meta, groups, g0 + u * gStep);
+        }
+      } else {
+        loadItems<kBits, kSym>(data, meta, groups, shift, first, kBlock, items, q, p);
+      }
+      // one test for the step, without branches: when every item's group decodes finite
+      // (decodesFinite, the common case) clampToFinite is the identity and is skipped, a clamp
+      // per element fewer
+      bool finite = true;
 #pragma unroll
       for (int u = 0; u < kDecodeUnroll; ++u) {
-        const int64_t i = first + u * kBlock;
-        if (i < items) {
-          float4 v;
-          v.x = decodeCode(q[u][0], p[u]);
-          v.y = decodeCode(q[u][1], p[u]);
-          v.z = decodeCode(q[u][2], p[u]);
-          v.w = decodeCode(q[u][3], p[u]);
-          float4* o = reinterpret_cast<float4*>(out) + i;
-          if (accumulate) {
-            const float4 a = *o;
-            v.x = a.x + v.x;
-            v.y = a.y + v.y;
-            v.z = a.z + v.z;
-            v.w = a.w + v.w;
+        finite &= (!kWhole && first + u * kBlock >= items) | decodesFinite<kSym>(p[u]);
+      }
+      auto items4 = [&](auto decodeCode) {
+#pragma unroll
+        for (int u = 0; u < kDecodeUnroll; ++u) {
+          const int64_t i = first + u * kBlock;
+          if (kWhole || i < items) {
+            float4 v;
+            v.x = decodeCode(q[u][0], p[u]);
+            v.y = decodeCode(q[u][1], p[u]);
+            v.z = decodeCode(q[u][2], p[u]);
+            v.w = decodeCode(q[u][3], p[u]);
+            float4* o = reinterpret_cast<float4*>(out) + i;
+            if (accumulate) {
+              const float4 a = *o;
+              v.x = a.x + v.x;
+              v.y = a.y + v.y;
+              v.z = a.z + v.z;
+              v.w = a.w + v.w;
+            }
+            *o = v;
           }
-          *o = v;
         }
+      };
+      if (finite) {
+        items4([](uint32_t c, const GroupParams& g) {
+          return dequantizeUnclamped<kBits, kSym>(c, g);
+        });
+      } else {
+        items4([](uint32_t c, const GroupParams& g) { return dequantizeOne<kBits, kSym>(c, g); });
       }
     };
-    if (finite) {
-      items4(
-          [](uint32_t c, const GroupParams& g) { return dequantizeUnclamped<kBits, kSym>(c, g); });
+    if (whole) {
+      step(std::true_type{});
     } else {
-      items4([](uint32_t c, const GroupParams& g) { return dequantizeOne<kBits, kSym>(c, g); });
+      step(std::false_type{});
     }
   }
   // the scalar path: elements past the last whole item, or all of them when unaligned
