@@ -333,16 +333,19 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
     p.mid = kSym ? 0.0f : __shfl_sync(0xffffffffu, held.mid, holder);
     rcp = __shfl_sync(0xffffffffu, heldRcp, holder);
   };
+  auto reciprocalCodes = [&](int j, const GroupParams& p, float rcp) {
+    uint32_t q[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) q[k] = quantizeWithReciprocal<kBits, kSym>(v[j][k], p, rcp);
+    storeCodes<kBits, kVec>(t.data, base + j * kTile + lane * kVec, q);
+  };
   if (allFast) {
 #pragma unroll
     for (int j = 0; j < kU; ++j) {
       GroupParams p;
       float rcp;
       fetch(j, p, rcp);
-      uint32_t q[kVec];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) q[k] = quantizeWithReciprocal<kBits, kSym>(v[j][k], p, rcp);
-      storeCodes<kBits, kVec>(t.data, base + j * kTile + lane * kVec, q);
+      reciprocalCodes(j, p, rcp);
     }
     return;
   }
@@ -354,13 +357,11 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
     const int64_t e = base + j * kTile + lane * kVec;
     const bool finite = paramsFinite(p);
     const bool constant = finite && p.scale == 0.0f;
-    uint32_t q[kVec];
-    if (finite && !noise.on && fastScaleRange(p.scale)) {  // the reciprocal path
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) q[k] = quantizeWithReciprocal<kBits, kSym>(v[j][k], p, rcp);
-      storeCodes<kBits, kVec>(t.data, e, q);
+    if (finite && !noise.on && fastScaleRange(p.scale)) {
+      reciprocalCodes(j, p, rcp);
       continue;
     }
+    uint32_t q[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       if (!finite) {
