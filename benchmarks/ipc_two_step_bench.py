@@ -122,6 +122,11 @@ def main() -> int:
             if os.environ.get("QCOMM_IPC_RELEASE_FENCE") == "1"
             else "release stores without a fence"
         )
+        + (
+            ", each task group prefetching its next input tile (QCOMM_CUDA_PREFETCH=1)"
+            if os.environ.get("QCOMM_CUDA_PREFETCH") == "1"
+            else ""
+        )
     )
     print("| MiB/rank | bits | time_us | us per MiB of one rank | copy_us (W msgs) | x copy |")
     print("|---|---|---|---|---|---|")

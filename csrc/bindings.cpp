@@ -195,6 +195,7 @@ std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<a
     for (int r = 0; r < world; ++r) ranks.push_back(r);
   }
   IpcError error{};
+  const int64_t missesBefore = ipcEmulatedPrefetchMisses();
   std::vector<IpcTwoStepArgs> args(ranks.size());
   std::vector<uint8_t*> bufferPtrs;
   for (auto& b : buffers) bufferPtrs.push_back(b.data_ptr<uint8_t>());
@@ -210,6 +211,10 @@ std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<a
     for (auto& t : threads) t.join();
   }
   TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error));
+  const int64_t misses = ipcEmulatedPrefetchMisses() - missesBefore;
+  TORCH_CHECK(misses == 0, "ipc_two_step_emulate: ", misses,
+              " input tiles named for prefetching were not the next encoded (ipc_protocol.h, "
+              "nextEncode)");
   return inputs;
 }
 

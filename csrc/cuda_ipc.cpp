@@ -347,6 +347,8 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
   a.profile = deviceProfile_;
   const char* fence = std::getenv("QCOMM_IPC_RELEASE_FENCE");
   a.releaseFence = fence != nullptr && std::strcmp(fence, "1") == 0 ? 1 : 0;
+  const char* prefetch = std::getenv("QCOMM_CUDA_PREFETCH");
+  a.prefetch = prefetch != nullptr && std::strcmp(prefetch, "1") == 0 ? 1 : 0;
   // QCOMM_IPC_SPIN_TIMEOUT_MS lowers the bound of the kernel's spins below the group's timeout
   // (tests and checks that must fail fast rather than wait the default 30 minutes)
   if (const char* v = std::getenv("QCOMM_IPC_SPIN_TIMEOUT_MS")) {

@@ -1,6 +1,7 @@
 // The host executor of the fused two_step's protocol (see ipc_host.h and ipc_protocol.h).
 #include "ipc_host.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -16,11 +17,18 @@ uint32_t loadAcquire(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_ACQ
 
 void storeRelease(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
+std::atomic<int64_t> prefetchMisses{0};
+
 // One rank, one "block": every task of the piece in order; the CPU codec on whole tiles.
 struct HostExec {
   const IpcTwoStepArgs& a;
   bool giveUp = false;
   std::vector<float> sum;
+  // The protocol names, before each encode of its input, the input tile it encodes next
+  // (prefetchInput; the kernel prefetches it). Here the encode after that one must encode
+  // exactly the tile named (len <= 0: none named); a miss is counted (ipcEmulatedPrefetchMisses).
+  ipc::Tile named{0, 0};     // by the latest prefetchInput
+  ipc::Tile expected{0, 0};  // by the one before the latest encode
 
   uint32_t epochBase() const { return loadAcquire(ipc::word(a.buffers[a.rank], kIpcEpochOffset)); }
   void barrier() const {}
@@ -67,7 +75,20 @@ struct HostExec {
     return static_cast<const uint8_t*>(a.data) + begin * dtypeBytes(a.dtype);
   }
 
-  void encodeReduce(ipc::Tile tile, uint8_t* dst) const {
+  void prefetchInput(ipc::Tile tile) { named = tile; }
+
+  // a tile named that no encode followed is a miss too (at the piece's end)
+  void endPiece() {
+    if (expected.len > 0 || named.len > 0) ++prefetchMisses;
+    expected = named = {0, 0};
+  }
+
+  void encodeReduce(ipc::Tile tile, uint8_t* dst) {
+    if (expected.len > 0 && (expected.begin != tile.begin || expected.len != tile.len)) {
+      ++prefetchMisses;
+    }
+    expected = named;
+    named = {0, 0};
     encodeBlock(at(tile.begin), a.dtype, tile.len, a.rs, dst,
                 Noise{a.rsNoise.salt, tile.begin, a.rsNoise.on});
   }
@@ -99,6 +120,8 @@ struct HostExec {
 
 }  // namespace
 
+int64_t ipcEmulatedPrefetchMisses() { return prefetchMisses.load(); }
+
 bool ipcTwoStepEmulate(const IpcTwoStepArgs& a, int blocks) {
   blocks = blocks < 1 ? 1 : blocks;
   for (int64_t p = 0; p < a.geometry.pieces; ++p) {
@@ -108,10 +131,12 @@ bool ipcTwoStepEmulate(const IpcTwoStepArgs& a, int blocks) {
       threads.emplace_back([&, b]() {
         HostExec ex{a};
         ok[size_t(b)] = ipc::runPiece(ex, a, p, b, blocks);
+        if (ok[size_t(b)]) ex.endPiece();
       });
     }
     HostExec ex{a};
     ok[0] = ipc::runPiece(ex, a, p, 0, blocks);
+    if (ok[0]) ex.endPiece();
     for (auto& t : threads) t.join();
     for (char o : ok) {
       if (!o) return false;

@@ -13,4 +13,9 @@ namespace qcomm {
 // host memory shared by the ranks. Returns false when a wait gave up.
 bool ipcTwoStepEmulate(const IpcTwoStepArgs& a, int blocks = 1);
 
+// How many times, since the process started, a block of the emulation encoded another input tile
+// than the protocol had named for prefetching (ipc_protocol.h, nextEncode), or named one it never
+// encoded: 0 when the kernel's L2 prefetches (QCOMM_CUDA_PREFETCH=1) fetch what it encodes next.
+int64_t ipcEmulatedPrefetchMisses();
+
 }  // namespace qcomm

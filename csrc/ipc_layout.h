@@ -101,6 +101,10 @@ struct IpcTwoStepArgs {
   // release semantics cover the task group's writes that its barrier ordered before it (PTX
   // memory model: bar.sync synchronizes, release is cumulative). The same bytes either way.
   int releaseFence;
+  // QCOMM_CUDA_PREFETCH=1: before each encode of its input, a task group asks L2 for the input
+  // tile it encodes next (prefetchInput), so that the next encode's loads find it there. A hint:
+  // the same bytes either way.
+  int prefetch;
 };
 
 // The phases the profile splits a block's time into, in protocol order.

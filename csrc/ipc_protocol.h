@@ -7,9 +7,11 @@
 //
 // Each executor `ex` provides: epochBase(), encodeReduce(tile, dst), sumEncode(tile, slot, out),
 // copy16(dst, src, vectors), decodeOut(src, tile), barrier(), leader(), release(flag, v),
-// wait(flag, epoch, step, peer, tile) (leader only; false = gave up), setGiveUp()/gaveUp(), and
+// wait(flag, epoch, step, peer, tile) (leader only; false = gave up), setGiveUp()/gaveUp(),
 // mark(phase): the time since the previous mark belongs to `phase` (IpcPhase; -1 starts the
-// clock), which the kernel counts when profiling and the host emulation ignores.
+// clock), which the kernel counts when profiling and the host emulation ignores, and
+// prefetchInput(tile): a hint that the group encodes this tile of its own input next (the kernel
+// asks L2 for it under QCOMM_CUDA_PREFETCH=1; the host emulation ignores it; it changes no byte).
 //
 // Phases of one piece, in this order for every block (see ipc_two_step.cu for the argument that
 // they cannot deadlock and that no slot is overwritten before it is read):
@@ -67,8 +69,25 @@ QCOMM_PROTO_FN Tile tileOf(const IpcTwoStepArgs& a, int c, int64_t t) {
   return {chunkBegin + off, len};
 }
 
+// The encodes of a piece's input, numbered: the A tasks 0 .. sends - 1 (sends = peers * slots;
+// task k encodes tile k % slots of chunk rank + 1 + k / slots), then the B tasks sends + s (tile s
+// of the rank's own chunk). encodeTile: the input tile of encode k (len <= 0: none).
+QCOMM_PROTO_FN Tile encodeTile(const IpcTwoStepArgs& a, int64_t first, int64_t slots, int64_t k) {
+  const int64_t sends = int64_t(a.world - 1) * slots;
+  if (k < sends) return tileOf(a, (a.rank + 1 + int(k / slots)) % a.world, first + k % slots);
+  if (k - sends < slots) return tileOf(a, a.rank, first + k - sends);
+  return {0, 0};
+}
+
+// The encode a block (block, of blocks) does after encode k: its next A task, after its last one
+// its first B task, then its next B task.
+QCOMM_PROTO_FN int64_t nextEncode(int64_t k, int64_t sends, int64_t block, int64_t blocks) {
+  return k < sends && k + blocks >= sends ? sends + block : k + blocks;
+}
+
 // One block's share (tasks block, block + blocks, ...) of piece `piece`. Returns false when a
-// wait gave up (the error is recorded; the caller stops).
+// wait gave up (the error is recorded; the caller stops). Before each encode of its input the
+// block names the input tile it encodes next (prefetchInput, nextEncode).
 template <class Exec>
 QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, int64_t block,
                              int64_t blocks) {
@@ -81,11 +100,13 @@ QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, i
   ex.mark(-1);
 
   // A. reduce sends
-  for (int64_t task = block; task < int64_t(peers) * slots; task += blocks) {
+  const int64_t sends = int64_t(peers) * slots;
+  for (int64_t task = block; task < sends; task += blocks) {
     const int c = (a.rank + 1 + int(task / slots)) % a.world;
     const int64_t s = task % slots;
     const Tile tile = tileOf(a, c, first + s);
     if (tile.len <= 0) continue;
+    ex.prefetchInput(encodeTile(a, first, slots, nextEncode(task, sends, block, blocks)));
     ex.encodeReduce(tile, reduceSlot(a.buffers[c], g, a.rank, s));
     ex.barrier();
     ex.mark(kPhaseSendEncode);
@@ -97,6 +118,7 @@ QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, i
   for (int64_t s = block; s < slots; s += blocks) {
     const Tile tile = tileOf(a, a.rank, first + s);
     if (tile.len <= 0) continue;
+    ex.prefetchInput(encodeTile(a, first, slots, nextEncode(sends + s, sends, block, blocks)));
     ex.encodeReduce(tile, reduceSlot(own, g, a.rank, s));
     ex.mark(kPhaseOwnEncode);
     if (ex.leader()) {

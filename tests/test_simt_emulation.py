@@ -5,6 +5,7 @@ code is exercised on machines without a GPU (CI); scripts/gpu_check.sh runs the 
 the device. Needs only g++ and the CUDA toolkit's headers (no nvcc, no GPU)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -60,16 +61,22 @@ def test_codec_kernels_match_cpu_codec_under_emulation(build_dir):
     rc, out = _run("codec", build_dir)
     assert rc == 0 and "differences" in out, out[-4000:]
     assert "all " in out and "bit-identical to the CPU codec" in out, out[-4000:]
+    # QCOMM_CUDA_PREFETCH=1: the kernels did prefetch, and only inside what they read
+    assert re.search(r"with prefetch: \d+ cases, 0 differences, [1-9]\d* addresses", out), out
+    assert "prefetched, 0 outside the tensor read" in out, out[-4000:]
     assert "simt:" not in out, out[-4000:]
 
 
 def test_fused_two_step_kernel_matches_host_emulation(build_dir):
     rc, out = _run("ipc", build_dir)
     assert rc == 0, out[-4000:]
-    assert out.count("identical to the host emulation") == 14, out[-4000:]  # 13 cases + summary
+    assert out.count("identical to the host emulation") == 15, out[-4000:]  # 14 cases + summary
     # task groups of 1, 2 and 4 warps (QCOMM_IPC_TASK_WARPS): __syncwarp and named barriers
     for tw in (1, 2, 4):
         assert f"task_warps={tw} " in out, out[-4000:]
+    # QCOMM_CUDA_PREFETCH=1 in some cases: each call checks that the kernel prefetched only inside
+    # the inputs and that the host emulation encoded exactly the tiles named for prefetching
+    assert "prefetch=1 " in out and "prefetch=0 " in out, out[-4000:]
     assert "every present rank gave up" in out, out[-4000:]
     assert "simt:" not in out, out[-4000:]
 
@@ -92,5 +99,5 @@ def test_fused_two_step_kernel_has_no_data_race(build_dir):
     # (DeviceExec::barrier).
     rc, out = _run("ipc", build_dir, "--quick", tsan=True)
     assert rc == 0 and "ThreadSanitizer" not in out, out[-4000:]
-    assert out.count("identical to the host emulation") == 7, out[-4000:]  # 6 cases + summary
+    assert out.count("identical to the host emulation") == 8, out[-4000:]  # 7 cases + summary
     assert "task_warps=1 " in out and "task_warps=2 " in out, out[-4000:]

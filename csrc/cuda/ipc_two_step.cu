@@ -182,6 +182,20 @@ struct DeviceExec {
     storeRelease(flag, v);
   }
 
+  // QCOMM_CUDA_PREFETCH=1: ask L2 for the input tile this group encodes next, one 128-byte line
+  // per thread and step (every address inside the tile), so that its loads find it there rather
+  // than in memory; otherwise nothing.
+  __device__ void prefetchInput(Tile t) const {
+    if (!a.prefetch || t.len <= 0) return;
+    const char* p = static_cast<const char*>(a.data) + t.begin * int64_t(sizeof(T));
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t line0 = begin & ~uintptr_t(127);
+    const int64_t lines = int64_t((begin + uintptr_t(t.len) * sizeof(T) - 1 - line0) >> 7) + 1;
+    for (int64_t i = tid; i < lines; i += threads) {
+      prefetchL2(i == 0 ? p : p + (line0 + uintptr_t(i) * 128 - begin));
+    }
+  }
+
   __device__ void recordError(uint32_t code, uint32_t step, int peer, int64_t tile,
                               uint32_t epoch) const {
     // the first error of this rank claims a word in its own buffer, then fills the host-mapped

@@ -42,10 +42,10 @@ __device__ __forceinline__ void storeParamsAt(float* meta, int64_t groups, int64
 // Ask L2 for the 128-byte line holding p, without a register or a wait: the grid-stride codec
 // kernels prefetch their next slab or step while they work on this one (QCOMM_CUDA_PREFETCH=1),
 // so that a warp has two slabs' loads in flight, not one. Only whole slabs or steps inside the
-// tensor are prefetched. The emulator ignores it.
+// tensor are prefetched. The emulator fetches nothing; its drivers check the address (simt.h).
 __device__ __forceinline__ void prefetchL2(const void* p) {
 #if defined(QCOMM_SIMT)
-  (void)p;
+  if (simt::prefetchHook != nullptr) simt::prefetchHook(p);
 #else
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif

@@ -7,6 +7,7 @@
 // line per family and exits non-zero at the first difference, naming the case and the byte.
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 
 #include "codec_cpu.h"
 #include "cuda/codec_kernels.h"
+#include "prefetch_hook.h"
 
 using namespace qcomm;
 
@@ -24,6 +26,18 @@ namespace {
 
 int failures = 0;
 int64_t cases = 0;
+
+// QCOMM_CUDA_PREFETCH=1: every address the kernel of the current launch prefetches must lie in the
+// bytes it reads, [readBegin, readEnd) (set before each launch; the hook runs on its fibers)
+const uint8_t* readBegin = nullptr;
+const uint8_t* readEnd = nullptr;
+std::atomic<int64_t> prefetches{0}, strayPrefetches{0};
+
+void checkPrefetch(const void* p) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  ++prefetches;
+  if (b < readBegin || b >= readEnd) ++strayPrefetches;
+}
 
 const char* dtypeName(int32_t d) {
   return d == kFloat32 ? "f32" : (d == kFloat16 ? "f16" : "bf16");
@@ -99,6 +113,8 @@ void checkEncodeDecode(int32_t dtype, const CodecSpec& c, int64_t n, int offset,
     shifted.assign(bytes + 8, 0xcd);
     dst = shifted.data() + 4;
   }
+  readBegin = static_cast<const uint8_t*>(xp);
+  readEnd = readBegin + n * dtypeBytes(dtype);
   if (gpu::encode(xp, dtype, n, c, dst, noise, nullptr) != cudaSuccess) {
     std::fprintf(stderr, "FAIL %s: launch error\n", name.c_str());
     ++failures;
@@ -115,6 +131,8 @@ void checkEncodeDecode(int32_t dtype, const CodecSpec& c, int64_t n, int offset,
       for (int64_t i = 0; i < n; ++i) out[i] = a[size_t(i)];
     }
     decodeBlock(cpu.data(), n, c, a.data(), acc != 0);
+    readBegin = dst;
+    readEnd = dst + bytes;
     if (gpu::decode(dst, n, c, out, acc != 0, nullptr) != cudaSuccess) {
       std::fprintf(stderr, "FAIL %s: launch error\n", dname.c_str());
       ++failures;
@@ -265,6 +283,27 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("encode/decode: %lld cases, %d differences\n", (long long)(cases - before), failures);
+
+  // the same multi-turn messages with QCOMM_CUDA_PREFETCH=1 (read at every launch): the same
+  // bytes, and every address the kernels prefetch (their next slab or step) inside what they read
+  before = cases;
+  const int failuresBeforePrefetch = failures;
+  setenv("QCOMM_CUDA_PREFETCH", "1", 1);
+  simt::prefetchHook = checkPrefetch;
+  for (int32_t dtype : dtypes) {
+    for (int sym : {1, 0}) {
+      checkEncodeDecode(dtype, CodecSpec{8, 128, sym, kFloat32}, 41 * 1024 + 77, 0, false, 1, gen);
+      checkEncodeDecode(dtype, CodecSpec{4, 32, sym, kFloat32}, 41 * 1024, 0, false, 0, gen);
+    }
+  }
+  simt::prefetchHook = nullptr;
+  unsetenv("QCOMM_CUDA_PREFETCH");
+  if (prefetches == 0 || strayPrefetches != 0) ++failures;
+  std::printf(
+      "with prefetch: %lld cases, %d differences, %lld addresses prefetched, %lld outside "
+      "the tensor read\n",
+      (long long)(cases - before), failures - failuresBeforePrefetch, (long long)prefetches.load(),
+      (long long)strayPrefetches.load());
 
   // the codec kernels' grids: never more than resident, every block the same number of turns
   for (int64_t cap = 1; cap <= 40; ++cap) {

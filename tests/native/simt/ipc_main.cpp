@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -21,10 +22,26 @@
 #include "ipc_host.h"
 #include "ipc_layout.h"
 #include "plan.h"
+#include "prefetch_hook.h"
 
 using namespace qcomm;
 
 namespace {
+
+// QCOMM_CUDA_PREFETCH=1 (Case::prefetch): every address the kernel prefetches (the input tile
+// its task group encodes next) must lie in some rank's input tensor of the call, [begin, end)
+// pairs set before the kernels start; the hook runs on their fibers
+std::vector<std::pair<const uint8_t*, const uint8_t*>> inputs;
+std::atomic<int64_t> prefetches{0}, strayPrefetches{0};
+
+void checkPrefetch(const void* p) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  ++prefetches;
+  for (const auto& r : inputs) {
+    if (b >= r.first && b < r.second) return;
+  }
+  ++strayPrefetches;
+}
 
 struct Case {
   int world;
@@ -38,6 +55,7 @@ struct Case {
   int calls;
   int64_t tileElems = kIpcTileElems;  // QCOMM_IPC_TILE_ELEMS
   int taskWarps = kIpcBlockWarps;     // QCOMM_IPC_TASK_WARPS
+  bool prefetch = false;              // QCOMM_CUDA_PREFETCH=1
 };
 
 using Buffers = std::vector<std::vector<uint8_t>>;
@@ -116,12 +134,17 @@ bool runCase(const Case& k, std::mt19937& gen) {
     std::vector<std::vector<unsigned long long>> prof(
         size_t(W), std::vector<unsigned long long>(size_t(kIpcProfileSlots), 0ull));
     std::vector<std::thread> ranks;
+    inputs.clear();
+    for (const auto& d : kd) inputs.emplace_back(d.data(), d.data() + d.size());
+    const int64_t prefetchesBefore = prefetches, missesBefore = ipcEmulatedPrefetchMisses();
+    simt::prefetchHook = checkPrefetch;
     for (int r = 0; r < W; ++r) {
       ranks.emplace_back([&, r]() {
         IpcTwoStepArgs a = ipcArgs(plan, r, g, kd[size_t(r)].data(), kp.data(),
                                    int64_t(120) * 1000000000, &kErr[size_t(r)]);
         a.smCount = k.blocks;
         a.taskWarps = k.taskWarps;
+        a.prefetch = k.prefetch ? 1 : 0;
         a.profile = prof[size_t(r)].data();
         if (gpu::ipcTwoStep(a, nullptr) != cudaSuccess) kErr[size_t(r)].code = 99;
       });
@@ -153,6 +176,19 @@ bool runCase(const Case& k, std::mt19937& gen) {
       });
     }
     for (auto& t : ranks) t.join();
+    simt::prefetchHook = nullptr;
+    // the kernel prefetched only inside the inputs, and (with prefetch) did prefetch; the host
+    // emulation encoded exactly the tiles the protocol named for prefetching
+    const int64_t named = prefetches - prefetchesBefore;
+    const int64_t misses = ipcEmulatedPrefetchMisses() - missesBefore;
+    if (strayPrefetches != 0 || (named > 0) != k.prefetch || misses != 0) {
+      std::fprintf(stderr,
+                   "call %d: %lld addresses prefetched (prefetch %d), %lld outside the inputs; "
+                   "%lld tiles named for prefetching were not the next encoded\n",
+                   call, (long long)named, int(k.prefetch), (long long)strayPrefetches.load(),
+                   (long long)misses);
+      return false;
+    }
     for (int r = 0; r < W; ++r) {
       if (kErr[size_t(r)].code != 0 || hErr[size_t(r)].code != 0) {
         std::fprintf(stderr, "call %d rank %d: kernel error %u (%s), host error %u\n", call, r,
@@ -179,9 +215,10 @@ bool runCase(const Case& k, std::mt19937& gen) {
     }
   }
   std::printf(
-      "W=%d blocks=%d task_warps=%d %s numel=%lld rs=%d ag=%d sym=%d stochastic=%d avg=%d "
-      "group=%d tile=%lld: %d calls, %lld pieces each, epoch %u: identical to the host emulation\n",
-      W, k.blocks, k.taskWarps,
+      "W=%d blocks=%d task_warps=%d prefetch=%d %s numel=%lld rs=%d ag=%d sym=%d stochastic=%d "
+      "avg=%d group=%d tile=%lld: %d calls, %lld pieces each, epoch %u: identical to the host "
+      "emulation\n",
+      W, k.blocks, k.taskWarps, int(k.prefetch),
       k.dtype == kFloat32 ? "f32" : (k.dtype == kFloat16 ? "f16" : "bf16"), (long long)k.numel,
       k.rsBits, k.agBits, int(k.symmetric), int(k.stochastic), int(k.average), k.groupSize,
       (long long)k.tileElems, k.calls, (long long)pieces, epochWord(kernelBufs[0]));
@@ -246,12 +283,15 @@ int main(int argc, char** argv) {
   std::vector<Case> cases = {
       // world, blocks, dtype, numel, rs, ag, sym, stochastic, avg, group, data bytes, calls
       {2, 2, kFloat32, 70001, 8, 8, false, false, false, 128, 64 << 10, 3},
+      // QCOMM_CUDA_PREFETCH=1: the input tile each task group encodes next, asked of L2
+      {3, 2, kFloat32, 70001, 8, 8, false, false, false, 128, 64 << 10, 2, kIpcTileElems, 8, true},
       {4, 3, kBFloat16, 60000, 4, 8, true, false, false, 128, 64 << 10, 2},
       {3, 1, kFloat16, 25003, 8, 4, false, true, true, 64, 128 << 10, 2},
       // symmetric 8-bit fp32: copies whose groups reach FLT_MAX decode through the clamp
       {2, 3, kFloat32, 90001, 8, 8, true, false, false, 128, 256 << 10, 2, 16384},
-      // task groups of one warp (QCOMM_IPC_TASK_WARPS=1): 8 independent groups per block
-      {2, 2, kFloat32, 90001, 8, 8, false, false, false, 128, 256 << 10, 2, kIpcTileElems, 1},
+      // task groups of one warp (QCOMM_IPC_TASK_WARPS=1): 8 independent groups per block, which
+      // prefetch their own next tiles
+      {2, 2, kFloat32, 90001, 8, 8, false, false, false, 128, 256 << 10, 2, kIpcTileElems, 1, true},
       // groups of two warps: 4 per block, each at its own named barrier
       {4, 2, kBFloat16, 60000, 4, 8, true, false, true, 128, 64 << 10, 2, kIpcTileElems, 2},
   };
@@ -261,7 +301,8 @@ int main(int argc, char** argv) {
     cases.push_back({2, 4, kFloat32, 1000, 4, 4, false, false, true, 256, 64 << 10, 2});
     cases.push_back({3, 2, kBFloat16, 30000, 0, 8, false, false, false, 128, 256 << 10, 2});
     cases.push_back({4, 2, kBFloat16, 30001, 4, 4, true, false, true, 1024, 64 << 10, 2, 1024});
-    cases.push_back({3, 1, kFloat16, 25003, 8, 4, false, true, false, 64, 128 << 10, 2, 16384, 4});
+    cases.push_back(
+        {3, 1, kFloat16, 25003, 8, 4, false, true, false, 64, 128 << 10, 2, 16384, 4, true});
     // AVG over 3 ranks (a division that is not a power-of-two scaling) and stochastic rounding,
     // with one codec for both phases: the sums of whole slabs in registers (sumEncodeSlab)
     cases.push_back({3, 2, kFloat32, 70001, 8, 8, false, true, true, 128, 128 << 10, 2});

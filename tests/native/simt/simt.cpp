@@ -331,6 +331,8 @@ void yieldSpin() {
   yieldToScheduler();
 }
 
+void (*prefetchHook)(const void* p) = nullptr;
+
 uint64_t globalTimerNs() {
   return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now().time_since_epoch())

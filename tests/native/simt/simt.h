@@ -35,6 +35,8 @@
 #include <cstring>
 #include <functional>
 
+#include "prefetch_hook.h"
+
 namespace qcomm {
 namespace simt {
 
