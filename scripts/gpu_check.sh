@@ -6,15 +6,33 @@
 # agreement on settings; the NCCL transport at world size 1), benchmarks the codec kernels
 # against device-to-device copy (also with QCOMM_CUDA_PREFETCH=1, side by side) and the fused
 # two_step's cost per byte (and, profiled, where its time goes at two tile sizes and three
-# task-group sizes, and with the old release fence), runs the cost model on what it measured, and
-# writes logs and CSV under $OUT
-# (default out/gpu_check). Uses the machine's python with torch preinstalled (no network there);
-# prints a short table last.
+# task-group sizes, and with the old release fence), reads the codec kernels' hardware counters
+# with Nsight Compute where ncu may, runs the cost model on what it measured, and writes logs and
+# CSV under $OUT (default out/gpu_check). Uses the machine's python with torch preinstalled (no
+# network there); prints a short table last.
+#
+# The device tool brings back at most 8 files from $OUT, so on exit everything but the few files
+# read first (KEEP below) is packed into $OUT/details.tar.gz.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-$ROOT/out/gpu_check}"
 mkdir -p "$OUT"
+KEEP='summary.txt|codec_kernels.csv|codec_prefetch.csv|fused_two_step.csv|fused_shapes.csv|ncu_codec.txt|details.tar.gz'
+# shellcheck disable=SC2317  # pack runs from the EXIT trap
+pack() {  # on every exit, a failed build's too: at most 7 files in $OUT
+  local rc=$? f extra=()
+  for f in "$OUT"/* "$OUT"/.[!.]*; do
+    [ -e "$f" ] || continue
+    f=${f##*/}
+    [[ "$f" =~ ^($KEEP)$ ]] || extra+=("$f")
+  done
+  if [ ${#extra[@]} -gt 0 ]; then
+    (cd "$OUT" && tar czf details.tar.gz "${extra[@]}" && rm -rf "${extra[@]}")
+  fi
+  exit "$rc"
+}
+trap pack EXIT
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
 status=0
@@ -92,24 +110,27 @@ budget() {  # budget CAP: the seconds a step may take, or 0 when too little is l
   local left=$((DEADLINE - SECONDS))
   if [ "$left" -lt 15 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
 }
-run_step() {  # run_step CAP LOG CMD...: bounded, logged, counted as a failure when it fails
-  local cap log t
+# run_step CAP LOG CMD...: bounded, logged, counted as a failure when it fails; with OPTIONAL=1
+# (a measurement the machine may not allow) a failure is reported but not counted
+run_step() {
+  local cap log t fail=FAIL
   cap=$1 log=$2
   shift 2
+  [ "${OPTIONAL:-0}" = 1 ] && fail="not available"
   t=$(budget "$cap")
   if [ "$t" -eq 0 ]; then
     note "skipped: the call's deadline (${DEADLINE} s) is near"
-    status=1
+    [ "${OPTIONAL:-0}" = 1 ] || status=1
     RESULTS+=("| $CURRENT | skipped (deadline) | 0 |")
     return
   fi
   local t0=$SECONDS rc
   timeout "$t" "$@" 2>&1 | tee -a "$log" | tail -15 | tee -a "$OUT/summary.txt"
   rc=${PIPESTATUS[0]}
-  [ "$rc" -eq 0 ] || status=1
+  [ "$rc" -eq 0 ] || [ "${OPTIONAL:-0}" = 1 ] || status=1
   local what="ok"
-  [ "$rc" -eq 0 ] || what="FAIL (exit $rc)"
-  [ "$rc" -eq 124 ] && what="FAIL (timed out after $t s)"
+  [ "$rc" -eq 0 ] || what="$fail (exit $rc)"
+  [ "$rc" -eq 124 ] && what="$fail (timed out after $t s)"
   RESULTS+=("| $CURRENT | $what | $((SECONDS - t0)) |")
 }
 export QCOMM_IPC_SPIN_TIMEOUT_MS="${QCOMM_IPC_SPIN_TIMEOUT_MS:-20000}"  # fail fast, never hang
@@ -126,6 +147,27 @@ if [ "$QUICK" != 1 ]; then
   step "CUDA codec kernels vs device-to-device copy (and with QCOMM_CUDA_PREFETCH=1)"
   run_step 150 "$OUT/bench.txt" "$PY" benchmarks/cuda_codec_bench.py \
     --csv "$OUT/codec_kernels.csv" --prefetch-csv "$OUT/codec_prefetch.csv"
+fi
+
+# why the codec kernels run at the speed they do: each one's duration alone, DRAM throughput,
+# occupancy and warp stalls from the hardware counters (Nsight Compute; ncu read them on this
+# workplace's Firecracker machines and not on gVisor ones, so this step may be unavailable)
+if [ "$QUICK" != 1 ]; then
+  step "ncu: the codec kernels' DRAM throughput, occupancy and stalls (64 MiB of fp32)"
+  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)"
+  if [ -z "$NCU" ]; then
+    note "ncu not found: skipped"
+    RESULTS+=("| $CURRENT | not available (no ncu) | 0 |")
+  else
+    OPTIONAL=1 run_step 150 "$OUT/ncu.log" "$NCU" --clock-control none --print-units base \
+      --csv --page raw --log-file "$OUT/ncu_raw.csv" --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section WarpStateStats \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum \
+      -k 'regex:encodeKernel|decodeKernel|vectorized_elementwise_kernel' \
+      "$PY" benchmarks/ncu_codec.py run --mib 64
+    OPTIONAL=1 run_step 15 "$OUT/ncu_codec.txt" "$PY" benchmarks/ncu_codec.py report \
+      "$OUT/ncu_raw.csv" "$OUT/ncu.log"
+  fi
 fi
 
 # the GPU tests only (-m cuda): their CPU-side counterparts run in CI, not on device time
@@ -146,33 +188,44 @@ run_step 90 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
 # and task groups of fewer warps (QCOMM_IPC_TASK_WARPS: 2 or 8 independent groups per block, so
 # one group's round trips and fences overlap the others' work)
 # and, at tiles of 4096, the release fence the kernel used to issue before every flag
-# (QCOMM_IPC_RELEASE_FENCE=1) against the release store alone (the default)
-shape() {  # shape TILE TASK_WARPS RELEASE_FENCE
-  step "fused CUDA-IPC two_step profiled, tiles of $1 elements, task groups of $2 warps, fence $3"
-  run_step 40 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS=$1 \
-    QCOMM_IPC_TASK_WARPS=$2 QCOMM_IPC_RELEASE_FENCE=$3 "$PY" benchmarks/ipc_two_step_bench.py \
-    --world 2 --sizes-mib 64 --bits 8/8 --profile --csv "$OUT/fused_shape_tile${1}_tw${2}_rf${3}.csv"
+# (QCOMM_IPC_RELEASE_FENCE=1) against the release store alone (the default), and each task group
+# asking L2 for the input tile it encodes next (QCOMM_CUDA_PREFETCH=1) against not
+shape() {  # shape TILE TASK_WARPS RELEASE_FENCE PREFETCH
+  step "fused CUDA-IPC two_step profiled, tiles of $1 elements, task groups of $2 warps, fence $3, prefetch $4"
+  local pf=()
+  [ "$4" = 1 ] && pf=(QCOMM_CUDA_PREFETCH=1)
+  run_step 40 "$OUT/fused.txt" env -u QCOMM_CUDA_PREFETCH "${pf[@]}" \
+    QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS=$1 QCOMM_IPC_TASK_WARPS=$2 \
+    QCOMM_IPC_RELEASE_FENCE=$3 "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 \
+    --bits 8/8 --profile --csv "$OUT/fused_shape_tile${1}_tw${2}_rf${3}_pf${4}.csv"
 }
 for TW in 8 4 1; do
-  for TILE in 4096 16384; do shape $TILE $TW 0; done
+  for TILE in 4096 16384; do shape $TILE $TW 0 0; done
 done
-for TW in 8 1; do shape 4096 $TW 1; done
+for TW in 8 1; do shape 4096 $TW 1 0; done
+for TW in 8 1; do shape 4096 $TW 0 1; done
 step "fused CUDA-IPC two_step: the launch shapes side by side (64 MiB, 8/8, 2 ranks)"
 run_step 15 "$OUT/fused.txt" "$PY" - "$OUT" <<'EOF'
 import csv, glob, os, re, sys
 rows = []
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "fused_shape_tile*_tw*_rf*.csv"))):
-    tile, tw, rf = (int(g) for g in re.search(r"tile(\d+)_tw(\d+)_rf(\d)", path).groups())
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "fused_shape_tile*_tw*_rf*_pf*.csv"))):
+    shape = re.search(r"tile(\d+)_tw(\d+)_rf(\d)_pf(\d)", path).groups()
     for r in csv.DictReader(open(path)):
-        rows.append((float(r["time_us"]) * 2, tile, tw, rf))  # the rows hold t / W
+        rows.append((float(r["time_us"]) * 2, *(int(g) for g in shape)))  # the rows hold t / W
 if not rows:
     sys.exit("no launch-shape results")
-base = next((t for t, tile, tw, rf in rows if (tile, tw, rf) == (4096, 8, 0)), None)
-print("| tile | task warps | release fence | us (both ranks) | x the default (4096, 8, no fence) |")
-print("|---|---|---|---|---|")
-for t, tile, tw, rf in sorted(rows, key=lambda r: r[1:]):
-    x = f"{base / t:.2f}" if base else "-"
-    print(f"| {tile} | {tw} | {'yes' if rf else 'no'} | {t:.1f} | {x} |")
+base = next((r[0] for r in rows if r[1:] == (4096, 8, 0, 0)), None)
+print("| tile | task warps | release fence | prefetch | us (both ranks) | x the default |")
+print("|---|---|---|---|---|---|")
+with open(os.path.join(sys.argv[1], "fused_shapes.csv"), "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["tile_elems", "task_warps", "release_fence", "prefetch", "time_us", "x_default"])
+    for t, tile, tw, rf, pf in sorted(rows, key=lambda r: r[1:]):
+        x = f"{base / t:.2f}" if base else "-"
+        yes = lambda v: "yes" if v else "no"
+        print(f"| {tile} | {tw} | {yes(rf)} | {yes(pf)} | {t:.1f} | {x} |")
+        w.writerow([tile, tw, rf, pf, f"{t:.1f}", x])
+print("(the default: tiles of 4096, task groups of 8 warps, no fence, no prefetch)")
 EOF
 
 step "tests: IPC set-up agreement across ranks, calls on different streams"
