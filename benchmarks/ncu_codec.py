@@ -90,7 +90,14 @@ def read_raw(text: str) -> list[dict[str, str]]:
     its header (ncu's ==PROF== lines, the program's output) are skipped, and the units row under
     the header (whose ID is not a number) gives each column's unit."""
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if '"Kernel Name"' in line), None)
+    start = next(
+        (
+            i
+            for i, line in enumerate(lines)
+            if line.lstrip('"').startswith("ID") and "Kernel Name" in line
+        ),
+        None,
+    )
     if start is None:
         return []
     units: dict[str, str] = {}
