@@ -155,4 +155,3 @@ def test_report_without_kernels_fails(tmp_path):
     )
     assert r.returncode == 1
     assert "no profiled kernels" in r.stdout
-
