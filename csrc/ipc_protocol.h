@@ -11,7 +11,8 @@
 // mark(phase): the time since the previous mark belongs to `phase` (IpcPhase; -1 starts the
 // clock), which the kernel counts when profiling and the host emulation ignores, and
 // prefetchInput(tile): a hint that the group encodes this tile of its own input next (the kernel
-// asks L2 for it under QCOMM_CUDA_PREFETCH=1; the host emulation ignores it; it changes no byte).
+// asks L2 for it under QCOMM_CUDA_PREFETCH=1; the host emulation checks that its next encode is
+// of that tile; it changes no byte).
 //
 // Phases of one piece, in this order for every block (see ipc_two_step.cu for the argument that
 // they cannot deadlock and that no slot is overwritten before it is read):
