@@ -16,7 +16,8 @@ Two steps, both run by scripts/gpu_check.sh:
     python benchmarks/ncu_codec.py report raw.csv [ncu.log ...]
 
 `run` (needs a GPU and the CUDA build) launches each codec kernel once on an fp32 tensor of
---mib MiB (groups of 128), and a streaming elementwise kernel of torch's (y = x + 0: 4 bytes read
+--mib MiB (groups of 128), the encoders also as compiled for 4 blocks per SM
+(QCOMM_CUDA_ENCODE_BLOCKS=4), and a streaming elementwise kernel of torch's (y = x + 0: 4 bytes read
 and 4 written per element) as the reference for what a plain stream reaches. `report` reads ncu's
 raw CSV page (one row per profiled kernel, a row of units under the header; numbers may carry
 thousands separators) and prints one markdown table; it needs no GPU. Given several files it reads
@@ -33,7 +34,7 @@ import re
 import sys
 
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
-KERNEL = re.compile(r"\b(encode|decode)Kernel<(?:[^<>,]+,\s*)?(\d+),\s*(true|false)>")
+KERNEL = re.compile(r"\b(encode|decode)Kernel<(?:[^<>,]+,\s*)?(\d+),\s*(true|false)(?:,\s*(\d+))?>")
 
 
 def run(mib: int) -> int:
@@ -54,8 +55,14 @@ def run(mib: int) -> int:
         for sym in (False, True):
             enc = _C.cuda_codec_encode(x, bits, 128, sym)
             _C.cuda_codec_decode(enc, n, bits, 128, sym)
+    # the encoders compiled for 4 blocks per SM (read at every launch)
+    os.environ["QCOMM_CUDA_ENCODE_BLOCKS"] = "4"
+    for bits in (8, 4):
+        for sym in (False, True):
+            _C.cuda_codec_encode(x, bits, 128, sym)
+    del os.environ["QCOMM_CUDA_ENCODE_BLOCKS"]
     torch.cuda.synchronize()
-    print(f"ran the codec kernels once each on {mib} MiB of fp32")
+    print(f"ran the codec kernels once each on {mib} MiB of fp32, the encoders in both variants")
     return 0
 
 
@@ -70,7 +77,8 @@ def number(text: str) -> float | None:
 def label(kernel: str) -> str:
     m = KERNEL.search(kernel)
     if m:
-        return f"{m.group(1)} {m.group(2)}-bit {'sym' if m.group(3) == 'true' else 'asym'}"
+        blocks = f", {m.group(4)} blocks/SM" if m.group(4) else ""
+        return f"{m.group(1)} {m.group(2)}-bit {'sym' if m.group(3) == 'true' else 'asym'}{blocks}"
     if "vectorized_elementwise" in kernel:
         return "stream (x + 0)"
     return kernel[:40]

@@ -4,7 +4,8 @@
 # CUDA-IPC two_step with 2 and 4 ranks sharing the one GPU, bit for bit against the reference,
 # streams and Work, a CUDA graph replayed 100 times, calls on different streams, the set-up's
 # agreement on settings; the NCCL transport at world size 1), benchmarks the codec kernels
-# against device-to-device copy (also with QCOMM_CUDA_PREFETCH=1, side by side) and the fused
+# against device-to-device copy (also in the launch variants: QCOMM_CUDA_PREFETCH=1,
+# QCOMM_CUDA_ENCODE_BLOCKS=4, both; side by side) and the fused
 # two_step's cost per byte (and, profiled, where its time goes in eight launch shapes: tile
 # sizes, task-group sizes, the old release fence, the input prefetch), reads the codec kernels'
 # hardware counters with Nsight Compute where ncu may, runs the cost model on what it measured,
@@ -18,7 +19,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-$ROOT/out/gpu_check}"
 mkdir -p "$OUT"
-KEEP='summary.txt|codec_kernels.csv|codec_prefetch.csv|fused_two_step.csv|fused_shapes.csv|ncu_codec.txt|details.tar.gz'
+KEEP='summary.txt|codec_kernels.csv|codec_variants.csv|fused_two_step.csv|fused_shapes.csv|ncu_codec.txt|details.tar.gz'
 # shellcheck disable=SC2317  # pack runs from the EXIT trap
 pack() {  # on every exit, a failed build's too: at most 7 files in $OUT
   local rc=$? f extra=()
@@ -143,10 +144,11 @@ if [ "$QUICK" != 1 ]; then
   step "tests: the build, CUDA codec kernels bit for bit against the CPU codec"
   run_step 90 "$OUT/tests.log" "${PYTEST[@]}" tests/test_build.py tests/test_cuda_codec.py
 
-  # and each encode/decode again with QCOMM_CUDA_PREFETCH=1, side by side (codec_prefetch.csv)
-  step "CUDA codec kernels vs device-to-device copy (and with QCOMM_CUDA_PREFETCH=1)"
+  # and each kernel again in the launch variants (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4,
+  # both), side by side with the default (codec_variants.csv)
+  step "CUDA codec kernels vs device-to-device copy (and in the launch variants)"
   run_step 150 "$OUT/bench.txt" "$PY" benchmarks/cuda_codec_bench.py \
-    --csv "$OUT/codec_kernels.csv" --prefetch-csv "$OUT/codec_prefetch.csv"
+    --csv "$OUT/codec_kernels.csv" --variants-csv "$OUT/codec_variants.csv"
 fi
 
 # why the codec kernels run at the speed they do: each one's duration alone, DRAM throughput,

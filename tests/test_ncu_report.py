@@ -37,7 +37,7 @@ UNITS = ["", "", "", "", "Mbyte", "byte", "%", "usecond", "", "register/thread",
 KERNELS = [
     # name, read, write, dram %, duration, grid, regs, theoretical, achieved, 4 stalls
     (
-        "void qcomm::gpu::(anonymous namespace)::encodeKernel<float, 8, false>(const T1 *, long)",
+        "void qcomm::gpu::(anonymous namespace)::encodeKernel<float, 8, false, 3>(const T1 *, long)",
         "67.11",
         "17,301,504",
         "61.5",
@@ -108,7 +108,7 @@ def test_rows_units_and_labels(tmp_path):
     rows = ncu_codec.read_raw(raw.read_text())
     assert len(rows) == 3  # the units row and ncu's lines are not kernels
     enc, dec, stream = (ncu_codec.summarize(r) for r in rows)
-    assert enc["kernel"] == "encode 8-bit asym"
+    assert enc["kernel"] == "encode 8-bit asym, 3 blocks/SM"
     assert dec["kernel"] == "decode 4-bit sym"
     assert stream["kernel"] == "stream (x + 0)"
     assert enc["us"] == 30.25  # usecond kept as such: 30250 ns / 1e3
@@ -140,7 +140,9 @@ def test_report_prints_one_row_per_kernel(tmp_path):
     ).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) == 4, out  # the header and three kernels
-    assert rows[1].startswith("| encode 8-bit asym | 30.2 | 61.5 | 2790 | 35.2 / 37.5 | 72 | 342 |")
+    assert rows[1].startswith(
+        "| encode 8-bit asym, 3 blocks/SM | 30.2 | 61.5 | 2790 | 35.2 / 37.5 | 72 | 342 |"
+    )
     assert "long_scoreboard 21.4" in rows[1]
 
 

@@ -36,11 +36,14 @@ __device__ __forceinline__ int64_t warpsInGrid() {
   return int64_t(gridDim.x) * (blockDim.x / kWarp);
 }
 
-// 3 blocks per SM: at most 85 registers, where the asymmetric fp32 and bf16 encoders once took
-// 89-105 and so fit only 2 (16 warps of a slab's loads each in flight, not 24). With encodeSlab's
-// reduce-scatter they take 69-80 and spill nothing.
-template <class T, int kBits, bool kSym>
-__global__ void __launch_bounds__(kBlock, 3)
+// kMinBlocks blocks per SM. 3 (the default): at most 85 registers, where the asymmetric fp32 and
+// bf16 encoders once took 89-105 and so fit only 2 (16 warps of a slab's loads each in flight, not
+// 24); with encodeSlab's reduce-scatter they take 69-80 and spill nothing. 4
+// (QCOMM_CUDA_ENCODE_BLOCKS=4, an experiment until timed on a GPU): at most 64 registers, 32
+// warps, a third more slabs' loads in flight, at the price of spills in most variants (not in fp32
+// symmetric ones).
+template <class T, int kBits, bool kSym, int kMinBlocks>
+__global__ void __launch_bounds__(kBlock, kMinBlocks)
     encodeKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise, bool prefetch) {
   constexpr int kVec = 16 / int(sizeof(T));  // one 16-byte load per lane and vector
   constexpr int kTile = kWarp * kVec;
@@ -325,13 +328,25 @@ bool prefetchOn() {
   return v != nullptr && v[0] == '1' && v[1] == '\0';
 }
 
+// QCOMM_CUDA_ENCODE_BLOCKS=4: the encoders compiled for 4 blocks per SM rather than 3 (see
+// encodeKernel; read at every launch, so that a benchmark can compare both; the same bytes).
+bool fourEncodeBlocks() {
+  const char* v = std::getenv("QCOMM_CUDA_ENCODE_BLOCKS");
+  return v != nullptr && v[0] == '4' && v[1] == '\0';
+}
+
 template <class T>
 void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const Noise& noise,
                   cudaStream_t s) {
   const bool prefetch = prefetchOn();
+  const bool four = fourEncodeBlocks();
   withCodec(c, [&](auto k) {
     using K = decltype(k);
-    launch<encodeKernel<T, K::bits, K::sym>>(slabBlocks(n), s, x, n, c, dst, noise, prefetch);
+    if (four) {
+      launch<encodeKernel<T, K::bits, K::sym, 4>>(slabBlocks(n), s, x, n, c, dst, noise, prefetch);
+    } else {
+      launch<encodeKernel<T, K::bits, K::sym, 3>>(slabBlocks(n), s, x, n, c, dst, noise, prefetch);
+    }
   });
 }
 

@@ -284,25 +284,32 @@ int main(int argc, char** argv) {
   }
   std::printf("encode/decode: %lld cases, %d differences\n", (long long)(cases - before), failures);
 
-  // the same multi-turn messages with QCOMM_CUDA_PREFETCH=1 (read at every launch): the same
-  // bytes, and every address the kernels prefetch (their next slab or step) inside what they read
+  // the same multi-turn messages in the launch variants read at every launch: QCOMM_CUDA_PREFETCH=1
+  // (every address the kernels prefetch, their next slab or step, inside what they read),
+  // QCOMM_CUDA_ENCODE_BLOCKS=4 (the encoders compiled for 4 blocks per SM), and both: the same
+  // bytes
   before = cases;
-  const int failuresBeforePrefetch = failures;
-  setenv("QCOMM_CUDA_PREFETCH", "1", 1);
+  const int failuresBeforeVariants = failures;
   simt::prefetchHook = checkPrefetch;
-  for (int32_t dtype : dtypes) {
-    for (int sym : {1, 0}) {
-      checkEncodeDecode(dtype, CodecSpec{8, 128, sym, kFloat32}, 41 * 1024 + 77, 0, false, 1, gen);
-      checkEncodeDecode(dtype, CodecSpec{4, 32, sym, kFloat32}, 41 * 1024, 0, false, 0, gen);
+  for (int variant = 1; variant <= 3; ++variant) {
+    if (variant & 1) setenv("QCOMM_CUDA_PREFETCH", "1", 1);
+    if (variant & 2) setenv("QCOMM_CUDA_ENCODE_BLOCKS", "4", 1);
+    for (int32_t dtype : dtypes) {
+      for (int sym : {1, 0}) {
+        checkEncodeDecode(dtype, CodecSpec{8, 128, sym, kFloat32}, 41 * 1024 + 77, 0, false, 1,
+                          gen);
+        checkEncodeDecode(dtype, CodecSpec{4, 32, sym, kFloat32}, 41 * 1024, 0, false, 0, gen);
+      }
     }
+    unsetenv("QCOMM_CUDA_PREFETCH");
+    unsetenv("QCOMM_CUDA_ENCODE_BLOCKS");
   }
   simt::prefetchHook = nullptr;
-  unsetenv("QCOMM_CUDA_PREFETCH");
   if (prefetches == 0 || strayPrefetches != 0) ++failures;
   std::printf(
-      "with prefetch: %lld cases, %d differences, %lld addresses prefetched, %lld outside "
-      "the tensor read\n",
-      (long long)(cases - before), failures - failuresBeforePrefetch, (long long)prefetches.load(),
+      "launch variants (prefetch, 4 encode blocks, both): %lld cases, %d differences, %lld "
+      "addresses prefetched, %lld outside the tensor read\n",
+      (long long)(cases - before), failures - failuresBeforeVariants, (long long)prefetches.load(),
       (long long)strayPrefetches.load());
 
   // the codec kernels' grids: never more than resident, every block the same number of turns
