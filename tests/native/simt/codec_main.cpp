@@ -7,7 +7,6 @@
 // line per family and exits non-zero at the first difference, naming the case and the byte.
 #include <ATen/Parallel.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -26,18 +25,6 @@ namespace {
 
 int failures = 0;
 int64_t cases = 0;
-
-// QCOMM_CUDA_PREFETCH=1: every address the kernel of the current launch prefetches must lie in the
-// bytes it reads, [readBegin, readEnd) (set before each launch; the hook runs on its fibers)
-const uint8_t* readBegin = nullptr;
-const uint8_t* readEnd = nullptr;
-std::atomic<int64_t> prefetches{0}, strayPrefetches{0};
-
-void checkPrefetch(const void* p) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  ++prefetches;
-  if (b < readBegin || b >= readEnd) ++strayPrefetches;
-}
 
 const char* dtypeName(int32_t d) {
   return d == kFloat32 ? "f32" : (d == kFloat16 ? "f16" : "bf16");
@@ -113,8 +100,9 @@ void checkEncodeDecode(int32_t dtype, const CodecSpec& c, int64_t n, int offset,
     shifted.assign(bytes + 8, 0xcd);
     dst = shifted.data() + 4;
   }
-  readBegin = static_cast<const uint8_t*>(xp);
-  readEnd = readBegin + n * dtypeBytes(dtype);
+  // QCOMM_CUDA_PREFETCH=1: every address the kernel prefetches must lie in what it reads
+  const auto* xb = static_cast<const uint8_t*>(xp);
+  simt::prefetchRanges = {{xb, xb + n * dtypeBytes(dtype)}};
   if (gpu::encode(xp, dtype, n, c, dst, noise, nullptr) != cudaSuccess) {
     std::fprintf(stderr, "FAIL %s: launch error\n", name.c_str());
     ++failures;
@@ -131,8 +119,7 @@ void checkEncodeDecode(int32_t dtype, const CodecSpec& c, int64_t n, int offset,
       for (int64_t i = 0; i < n; ++i) out[i] = a[size_t(i)];
     }
     decodeBlock(cpu.data(), n, c, a.data(), acc != 0);
-    readBegin = dst;
-    readEnd = dst + bytes;
+    simt::prefetchRanges = {{dst, dst + bytes}};
     if (gpu::decode(dst, n, c, out, acc != 0, nullptr) != cudaSuccess) {
       std::fprintf(stderr, "FAIL %s: launch error\n", dname.c_str());
       ++failures;
@@ -290,7 +277,7 @@ int main(int argc, char** argv) {
   // bytes
   before = cases;
   const int failuresBeforeVariants = failures;
-  simt::prefetchHook = checkPrefetch;
+  simt::prefetchHook = simt::checkPrefetch;
   for (int variant = 1; variant <= 3; ++variant) {
     if (variant & 1) setenv("QCOMM_CUDA_PREFETCH", "1", 1);
     if (variant & 2) setenv("QCOMM_CUDA_ENCODE_BLOCKS", "4", 1);
@@ -305,12 +292,12 @@ int main(int argc, char** argv) {
     unsetenv("QCOMM_CUDA_ENCODE_BLOCKS");
   }
   simt::prefetchHook = nullptr;
-  if (prefetches == 0 || strayPrefetches != 0) ++failures;
+  if (simt::prefetches == 0 || simt::strayPrefetches != 0) ++failures;
   std::printf(
       "launch variants (prefetch, 4 encode blocks, both): %lld cases, %d differences, %lld "
       "addresses prefetched, %lld outside the tensor read\n",
-      (long long)(cases - before), failures - failuresBeforeVariants, (long long)prefetches.load(),
-      (long long)strayPrefetches.load());
+      (long long)(cases - before), failures - failuresBeforeVariants,
+      (long long)simt::prefetches.load(), (long long)simt::strayPrefetches.load());
 
   // the codec kernels' grids: never more than resident, every block the same number of turns
   for (int64_t cap = 1; cap <= 40; ++cap) {

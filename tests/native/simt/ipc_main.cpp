@@ -8,7 +8,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -27,21 +26,6 @@
 using namespace qcomm;
 
 namespace {
-
-// QCOMM_CUDA_PREFETCH=1 (Case::prefetch): every address the kernel prefetches (the input tile
-// its task group encodes next) must lie in some rank's input tensor of the call, [begin, end)
-// pairs set before the kernels start; the hook runs on their fibers
-std::vector<std::pair<const uint8_t*, const uint8_t*>> inputs;
-std::atomic<int64_t> prefetches{0}, strayPrefetches{0};
-
-void checkPrefetch(const void* p) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  ++prefetches;
-  for (const auto& r : inputs) {
-    if (b >= r.first && b < r.second) return;
-  }
-  ++strayPrefetches;
-}
 
 struct Case {
   int world;
@@ -134,10 +118,12 @@ bool runCase(const Case& k, std::mt19937& gen) {
     std::vector<std::vector<unsigned long long>> prof(
         size_t(W), std::vector<unsigned long long>(size_t(kIpcProfileSlots), 0ull));
     std::vector<std::thread> ranks;
-    inputs.clear();
-    for (const auto& d : kd) inputs.emplace_back(d.data(), d.data() + d.size());
-    const int64_t prefetchesBefore = prefetches, missesBefore = ipcEmulatedPrefetchMisses();
-    simt::prefetchHook = checkPrefetch;
+    // QCOMM_CUDA_PREFETCH=1 (Case::prefetch): every address the kernel prefetches (the input
+    // tile a task group encodes next) must lie in some rank's input tensor of the call
+    simt::prefetchRanges.clear();
+    for (const auto& d : kd) simt::prefetchRanges.emplace_back(d.data(), d.data() + d.size());
+    const int64_t prefetchesBefore = simt::prefetches, missesBefore = ipcEmulatedPrefetchMisses();
+    simt::prefetchHook = simt::checkPrefetch;
     for (int r = 0; r < W; ++r) {
       ranks.emplace_back([&, r]() {
         IpcTwoStepArgs a = ipcArgs(plan, r, g, kd[size_t(r)].data(), kp.data(),
@@ -179,13 +165,13 @@ bool runCase(const Case& k, std::mt19937& gen) {
     simt::prefetchHook = nullptr;
     // the kernel prefetched only inside the inputs, and (with prefetch) did prefetch; the host
     // emulation encoded exactly the tiles the protocol named for prefetching
-    const int64_t named = prefetches - prefetchesBefore;
+    const int64_t named = simt::prefetches - prefetchesBefore;
     const int64_t misses = ipcEmulatedPrefetchMisses() - missesBefore;
-    if (strayPrefetches != 0 || (named > 0) != k.prefetch || misses != 0) {
+    if (simt::strayPrefetches != 0 || (named > 0) != k.prefetch || misses != 0) {
       std::fprintf(stderr,
                    "call %d: %lld addresses prefetched (prefetch %d), %lld outside the inputs; "
                    "%lld tiles named for prefetching were not the next encoded\n",
-                   call, (long long)named, int(k.prefetch), (long long)strayPrefetches.load(),
+                   call, (long long)named, int(k.prefetch), (long long)simt::strayPrefetches.load(),
                    (long long)misses);
       return false;
     }
