@@ -50,6 +50,8 @@ def test_emulator_runs_known_kernels(build_dir):
         ("exit", "warp operation with exited lanes"),
         ("deadlock", "waits at a barrier that cannot complete"),
         ("named", "meet at one named barrier with different counts"),
+        ("unwaited", "exited with asynchronous copies it never waited for"),
+        ("outside", "cp.async to outside the block's dynamic shared memory"),
     ],
 )
 def test_emulator_refuses_what_a_gpu_would_hang_or_corrupt_on(build_dir, bug, message):

@@ -51,6 +51,40 @@ __device__ __forceinline__ void prefetchL2(const void* p) {
 #endif
 }
 
+// A 16-byte copy from global into shared memory that does not pass through registers (cp.async,
+// sm_80 on; L1 bypassed), into the thread's open group; copyAsyncCommit closes the group, and
+// copyAsyncWait<k> returns once all but the newest k of the thread's groups are done, their bytes
+// then visible to the thread itself (not to other threads: a barrier orders those). Both addresses
+// 16-byte aligned. Before sm_80, a plain load and store. The emulator does the copies at the wait
+// (simt.h).
+__device__ __forceinline__ void copyAsync16(void* shared, const void* global) {
+#if defined(QCOMM_SIMT)
+  simt::copyAsync(shared, global, 16);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
+#else
+  *static_cast<uint4*>(shared) = *static_cast<const uint4*>(global);
+#endif
+}
+
+__device__ __forceinline__ void copyAsyncCommit() {
+#if defined(QCOMM_SIMT)
+  simt::copyAsyncCommit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void copyAsyncWait() {
+#if defined(QCOMM_SIMT)
+  simt::copyAsyncWait(kPending);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+#endif
+}
+
 __device__ __forceinline__ bool aligned(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) & uintptr_t(bytes - 1)) == 0;
 }

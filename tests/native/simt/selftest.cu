@@ -1,12 +1,13 @@
 // Self-test of the SIMT emulator (simt.h): kernels whose results are known, and kernels with the
 // bugs the emulator must refuse. `selftest ok` runs the good ones and prints "selftest ok";
-// `selftest divergent|exit|deadlock|named|race` runs one bad kernel, which must abort with the
-// message tests/test_simt_emulation.py expects (`race` under SIMT_TSAN=1 only).
+// `selftest divergent|exit|deadlock|named|unwaited|outside|race` runs one bad kernel, which must
+// abort with the message tests/test_simt_emulation.py expects (`race` under SIMT_TSAN=1 only).
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include "cuda/launch.cuh"
+#include "cuda/tile_codec.cuh"
 
 namespace {
 
@@ -79,6 +80,38 @@ __global__ void race(int* out) {
   out[threadIdx.x] = tile[(threadIdx.x + 1) % 64];
 }
 
+// cp.async through dynamic shared memory (64 bytes per thread): each thread copies four 16-byte
+// lines in two groups, waits for the older group only, then for both; `early` also records what
+// the newer group's line read before its wait (still 0xff bytes under the emulator).
+__global__ void stagedCopy(const int* in, int* out, int* early) {
+  int* stage = reinterpret_cast<int*>(qcomm::gpu::dynamicShared()) + 16 * threadIdx.x;
+  const int* src = in + 16 * (blockIdx.x * blockDim.x + threadIdx.x);
+  qcomm::gpu::copyAsync16(stage, src);
+  qcomm::gpu::copyAsync16(stage + 4, src + 4);
+  qcomm::gpu::copyAsyncCommit();
+  qcomm::gpu::copyAsync16(stage + 8, src + 8);
+  qcomm::gpu::copyAsync16(stage + 12, src + 12);
+  qcomm::gpu::copyAsyncCommit();
+  qcomm::gpu::copyAsyncWait<1>();
+  int* o = out + 16 * (blockIdx.x * blockDim.x + threadIdx.x);
+  for (int k = 0; k < 8; ++k) o[k] = stage[k];
+  early[blockIdx.x * blockDim.x + threadIdx.x] = stage[8];
+  qcomm::gpu::copyAsyncWait<0>();
+  for (int k = 8; k < 16; ++k) o[k] = stage[k];
+}
+
+// Bugs: a thread that exits with a copy it never waited for; a copy to outside dynamic shared
+// memory.
+__global__ void unwaitedCopy(int* out) {
+  qcomm::gpu::copyAsync16(qcomm::gpu::dynamicShared() + 16 * threadIdx.x, out + 4 * threadIdx.x);
+  qcomm::gpu::copyAsyncCommit();
+}
+
+__global__ void copyOutsideShared(int* out) {
+  qcomm::gpu::copyAsync16(out + 4 * threadIdx.x, out);
+  qcomm::gpu::copyAsyncWait<0>();
+}
+
 bool good() {
   const int n = 3 * 256;
   std::vector<int> in(n), out(n, -1);
@@ -111,6 +144,21 @@ bool good() {
       return false;
     }
   }
+  {
+    std::vector<int> src(2 * 64 * 16), dst(src.size(), -1), early(2 * 64, 0);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = int(i * 13 % 97);
+    QCOMM_LAUNCH_SHARED(stagedCopy, 2, 64, 64 * 64, nullptr)(src.data(), dst.data(), early.data());
+    if (dst != src) {
+      std::printf("stagedCopy: the copies differ from their source\n");
+      return false;
+    }
+    for (int e : early) {
+      if (e != -1) {  // 0xffffffff: the newer group was not done before its wait
+        std::printf("stagedCopy: a line read before its wait held %d\n", e);
+        return false;
+      }
+    }
+  }
   std::vector<unsigned> b(8, 0);
   QCOMM_LAUNCH(ballotOdd, 1, 256, nullptr)(b.data());
   for (unsigned v : b) {
@@ -132,6 +180,12 @@ int main(int argc, char** argv) {
   if (std::strcmp(what, "deadlock") == 0) QCOMM_LAUNCH(deadlock, 1, 64, nullptr)(out.data());
   if (std::strcmp(what, "named") == 0) QCOMM_LAUNCH(namedMismatch, 1, 64, nullptr)(out.data());
   if (std::strcmp(what, "race") == 0) QCOMM_LAUNCH(race, 1, 64, nullptr)(out.data());
+  if (std::strcmp(what, "unwaited") == 0) {
+    QCOMM_LAUNCH_SHARED(unwaitedCopy, 1, 32, 32 * 16, nullptr)(out.data());
+  }
+  if (std::strcmp(what, "outside") == 0) {
+    QCOMM_LAUNCH_SHARED(copyOutsideShared, 1, 32, 32 * 16, nullptr)(out.data());
+  }
   if (std::strcmp(what, "ok") != 0) return 0;  // a bad kernel that was not refused
   if (!good()) return 1;
   std::printf("selftest ok\n");

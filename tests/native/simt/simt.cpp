@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -80,8 +81,21 @@ void tsanAcquire(void* addr) {
 #endif
 }
 
+// One cp.async: done when its thread waits for its group (see simt.h).
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  int bytes;
+};
+
+struct alignas(16) SharedLine {
+  uint8_t bytes[16];
+};
+
 struct Fiber {
   ucontext_t ctx;
+  std::vector<AsyncCopy> openCopies;             // issued since the last commit
+  std::deque<std::vector<AsyncCopy>> committed;  // groups not yet waited for, oldest first
   Dim tid{0, 0, 0};
   bool done = false;
   const uint64_t* waitGen = nullptr;  // while waiting at a barrier: its generation counter
@@ -113,6 +127,8 @@ struct Block {
   Dim bid, bdim, gdim;
   Named named[kNamedBarriers];
   const std::function<void()>* body = nullptr;
+  std::unique_ptr<SharedLine[]> shared;  // dynamic shared memory
+  size_t sharedBytes = 0;
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
   int live = 0;
@@ -164,6 +180,9 @@ void fiberMain() {
   yieldToScheduler();  // started (with the launch's ordering); run once every fiber is
   (*b.body)();
   Fiber& f = b.fibers[size_t(b.cur)];
+  bool copiesLeft = !f.openCopies.empty();
+  for (const auto& g : f.committed) copiesLeft |= !g.empty();
+  if (copiesLeft) fail(b, "a thread exited with asynchronous copies it never waited for");
   f.done = true;
   Warp& w = b.warps[size_t(b.cur / 32)];
   --w.live;
@@ -179,12 +198,18 @@ void fiberMain() {
   // returning resumes the scheduler (uc_link)
 }
 
-void runBlock(Dim bid, Dim bdim, Dim gdim, const std::function<void()>& body) {
+void runBlock(Dim bid, Dim bdim, Dim gdim, const std::function<void()>& body, size_t shared) {
   Block b;
   b.bid = bid;
   b.bdim = bdim;
   b.gdim = gdim;
   b.body = &body;
+  if (shared > 0) {
+    const size_t lines = (shared + 15) / 16;
+    b.shared.reset(new SharedLine[lines]);
+    std::memset(b.shared.get(), 0xff, lines * 16);
+    b.sharedBytes = shared;
+  }
   const int n = int(bdim.x);
   b.fibers.resize(size_t(n));
   b.warps.resize(size_t((n + 31) / 32));
@@ -333,13 +358,48 @@ void yieldSpin() {
 
 void (*prefetchHook)(const void* p) = nullptr;
 
+uint8_t* dynamicShared() {
+  Block& b = block();
+  if (b.sharedBytes == 0) fail(b, "dynamic shared memory used by a launch that gave none");
+  return reinterpret_cast<uint8_t*>(b.shared.get());
+}
+
+void copyAsync(void* dst, const void* src, int bytes) {
+  Block& b = block();
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  const auto base = reinterpret_cast<uintptr_t>(b.shared.get());
+  if (bytes != 4 && bytes != 8 && bytes != 16) fail(b, "cp.async of other than 4, 8 or 16 bytes");
+  if (d % uintptr_t(bytes) != 0 || reinterpret_cast<uintptr_t>(src) % uintptr_t(bytes) != 0) {
+    fail(b, "cp.async with a misaligned address");
+  }
+  if (b.sharedBytes == 0 || d < base || d + uintptr_t(bytes) > base + b.sharedBytes) {
+    fail(b, "cp.async to outside the block's dynamic shared memory");
+  }
+  std::memset(dst, 0xff, size_t(bytes));  // undetermined until the wait
+  self().openCopies.push_back(AsyncCopy{dst, src, bytes});
+}
+
+void copyAsyncCommit() {
+  Fiber& f = self();
+  f.committed.push_back(std::move(f.openCopies));
+  f.openCopies.clear();
+}
+
+void copyAsyncWait(int pending) {
+  Fiber& f = self();
+  while (f.committed.size() > size_t(pending < 0 ? 0 : pending)) {
+    for (const AsyncCopy& c : f.committed.front()) std::memcpy(c.dst, c.src, size_t(c.bytes));
+    f.committed.pop_front();
+  }
+}
+
 uint64_t globalTimerNs() {
   return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now().time_since_epoch())
                       .count());
 }
 
-void run(unsigned grid, unsigned blockThreads, const std::function<void()>& body) {
+void run(unsigned grid, unsigned blockThreads, const std::function<void()>& body, size_t shared) {
   if (grid == 0 || blockThreads == 0 || blockThreads > 1024) {
     std::fprintf(stderr, "simt: invalid launch %u x %u\n", grid, blockThreads);
     std::abort();
@@ -347,7 +407,8 @@ void run(unsigned grid, unsigned blockThreads, const std::function<void()>& body
   const Dim bdim{blockThreads, 1, 1}, gdim{grid, 1, 1};
   std::vector<std::thread> blocks;
   for (unsigned g = 0; g < grid; ++g) {
-    blocks.emplace_back([&body, bdim, gdim, g]() { runBlock(Dim{g, 0, 0}, bdim, gdim, body); });
+    blocks.emplace_back(
+        [&body, bdim, gdim, g, shared]() { runBlock(Dim{g, 0, 0}, bdim, gdim, body, shared); });
   }
   for (auto& t : blocks) t.join();
 }
@@ -375,6 +436,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   *value = attr == cudaDevAttrMultiProcessorCount ? simtSms() : 0;
   return cudaSuccess;
 }
+cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, const void*, int,
                                                                    size_t, unsigned int) {
   *numBlocks = 1;

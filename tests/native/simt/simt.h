@@ -8,8 +8,14 @@
 // (ucontext), switched cooperatively at the synchronising operations: __syncthreads, named
 // barriers (bar.sync id, count), __syncwarp, __shfl_xor_sync, __shfl_sync, __ballot_sync and
 // __nanosleep.
-// `__shared__` is a thread_local static, so it is per block. Memory is host memory; the atomics and
-// fences are C++'s.
+// `__shared__` is a thread_local static, so it is per block; dynamic shared memory (the bytes
+// given at launch) is per block too, filled with 0xff bytes (a NaN in every float type) when the
+// block starts. Memory is host memory; the atomics and fences are C++'s.
+//
+// Asynchronous copies into shared memory (cp.async: copyAsync, commit, wait) are held per thread
+// and done only when the thread waits for their group, the destination filled with 0xff bytes
+// from issue to then: a read before the wait, or a copy issued into a buffer still being read,
+// changes the values.
 //
 // Under ThreadSanitizer (scripts/simt_check.sh with SIMT_TSAN=1) every fiber is a TSan fiber,
 // switched without implied ordering; only __syncwarp and __syncthreads (and the atomics) order
@@ -59,28 +65,43 @@ void blockSync();
 void namedBarrier(int id, int threads);
 void yieldSpin();  // a spinning thread lets the others of its block and the other blocks run
 
-// Run `body` as a grid of blocks x threads (1-D); returns when every block has finished.
-void run(unsigned grid, unsigned block, const std::function<void()>& body);
+// Run `body` as a grid of blocks x threads (1-D) with `shared` bytes of dynamic shared memory per
+// block; returns when every block has finished.
+void run(unsigned grid, unsigned block, const std::function<void()>& body, size_t shared = 0);
 
 template <class... P>
 struct Launcher {
   void (*kernel)(P...);
   unsigned grid, block;
+  size_t shared;
   template <class... A>
   void operator()(A&&... args) const {
     void (*k)(P...) = kernel;
-    run(grid, block, [&]() { k(args...); });
+    run(grid, block, [&]() { k(args...); }, shared);
   }
 };
 
 template <class... P>
-Launcher<P...> launcher(void (*kernel)(P...), int64_t grid, int64_t block, cudaStream_t) {
-  return Launcher<P...>{kernel, unsigned(grid), unsigned(block)};
+Launcher<P...> launcher(void (*kernel)(P...), int64_t grid, int64_t block, cudaStream_t,
+                        size_t shared = 0) {
+  return Launcher<P...>{kernel, unsigned(grid), unsigned(block), shared};
 }
 template <class... P>
-Launcher<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t) {
-  return Launcher<P...>{kernel, grid.x, block.x};
+Launcher<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t,
+                        size_t shared = 0) {
+  return Launcher<P...>{kernel, grid.x, block.x, shared};
 }
+
+// The calling block's dynamic shared memory (aborts when the launch gave none).
+uint8_t* dynamicShared();
+
+// cp.async of `bytes` (4, 8 or 16; both addresses aligned so, the destination in the block's
+// dynamic shared memory) into the calling thread's open group; commit closes the group; wait
+// completes all but the newest `pending` groups. A thread that exits with copies it never waited
+// for aborts.
+void copyAsync(void* dst, const void* src, int bytes);
+void copyAsyncCommit();
+void copyAsyncWait(int pending);
 
 // The exchange itself (simt.cpp): the calling lane offers `v` and gets the word of lane
 // (own lane ^ lane) when `isXor`, else of lane `lane`. Like the hardware, it orders no memory: only
