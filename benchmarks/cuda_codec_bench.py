@@ -6,7 +6,8 @@ bandwidth (bytes read plus written), for messages of 64 MiB and up. Needs a GPU.
 
 With --variants-csv, every kernel is also timed in the launch variants that are read at every
 launch (VARIANTS below: QCOMM_CUDA_PREFETCH=1, the kernels prefetching their next slab or step
-into L2; QCOMM_CUDA_ENCODE_BLOCKS=4, the encoders compiled for 4 blocks per SM; both), in turns
+into L2; QCOMM_CUDA_ENCODE_BLOCKS=4, the encoders compiled for 4 blocks per SM; both;
+QCOMM_CUDA_ENCODE_STAGED=1, the encoders staging their next slab in shared memory), in turns
 with the default in the same run (default, variant 1, ..., twice; the faster of each one's two
 timings), and a second table gives them side by side. The main table and --csv stay the default
 kernels' (what the cost model reads).
@@ -31,6 +32,7 @@ VARIANTS = (
     ("prefetch", {"QCOMM_CUDA_PREFETCH": "1"}, ("encode", "decode")),
     ("4 blocks", {"QCOMM_CUDA_ENCODE_BLOCKS": "4"}, ("encode",)),
     ("both", {"QCOMM_CUDA_PREFETCH": "1", "QCOMM_CUDA_ENCODE_BLOCKS": "4"}, ("encode",)),
+    ("staged", {"QCOMM_CUDA_ENCODE_STAGED": "1"}, ("encode",)),
 )
 SETTINGS = sorted({k for _, env, _ in VARIANTS for k in env})
 
@@ -75,7 +77,7 @@ def main() -> int:
         n = mib * 2**20 // 4
         x = torch.randn(n, device="cuda")
         y = torch.empty_like(x)
-        copy_s = timed(lambda x=x, y=y: y.copy_(x))
+        copy_s = timed_env(lambda x=x, y=y: y.copy_(x), {})
         copy_bw = 2 * x.numel() * 4 / copy_s
         rows.append([mib, "copy", "-", "-", f"{copy_s * 1e6:.1f}", f"{copy_bw / 1e9:.1f}", "1.00"])
         for bits in (8, 4):

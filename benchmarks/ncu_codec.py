@@ -17,7 +17,8 @@ Two steps, both run by scripts/gpu_check.sh:
 
 `run` (needs a GPU and the CUDA build) launches each codec kernel once on an fp32 tensor of
 --mib MiB (groups of 128), the encoders also as compiled for 4 blocks per SM
-(QCOMM_CUDA_ENCODE_BLOCKS=4), and a streaming elementwise kernel of torch's (y = x + 0: 4 bytes read
+(QCOMM_CUDA_ENCODE_BLOCKS=4) and staging their slabs in shared memory (QCOMM_CUDA_ENCODE_STAGED=1),
+and a streaming elementwise kernel of torch's (y = x + 0: 4 bytes read
 and 4 written per element) as the reference for what a plain stream reaches. `report` reads ncu's
 raw CSV page (one row per profiled kernel, a row of units under the header; numbers may carry
 thousands separators) and prints one markdown table; it needs no GPU. Given several files it reads
@@ -34,7 +35,9 @@ import re
 import sys
 
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
-KERNEL = re.compile(r"\b(encode|decode)Kernel<(?:[^<>,]+,\s*)?(\d+),\s*(true|false)(?:,\s*(\d+))?>")
+KERNEL = re.compile(
+    r"\b(encode|decode)Kernel<(?:[^<>,]+,\s*)?(\d+),\s*(true|false)(?:,\s*(\d+))?(?:,\s*(true|false))?>"
+)
 
 
 def run(mib: int) -> int:
@@ -55,12 +58,14 @@ def run(mib: int) -> int:
         for sym in (False, True):
             enc = _C.cuda_codec_encode(x, bits, 128, sym)
             _C.cuda_codec_decode(enc, n, bits, 128, sym)
-            # the encoder compiled for 4 blocks per SM (the setting is read at every launch)
-            os.environ["QCOMM_CUDA_ENCODE_BLOCKS"] = "4"
-            _C.cuda_codec_encode(x, bits, 128, sym)
-            del os.environ["QCOMM_CUDA_ENCODE_BLOCKS"]
+            # the encoder compiled for 4 blocks per SM, and staging its slabs in shared memory
+            # (the settings are read at every launch)
+            for setting, value in (("QCOMM_CUDA_ENCODE_BLOCKS", "4"), ("QCOMM_CUDA_ENCODE_STAGED", "1")):  # fmt: skip
+                os.environ[setting] = value
+                _C.cuda_codec_encode(x, bits, 128, sym)
+                del os.environ[setting]
     torch.cuda.synchronize()
-    print(f"ran the codec kernels once each on {mib} MiB of fp32, the encoders in both variants")
+    print(f"ran the codec kernels once each on {mib} MiB of fp32, the encoders in three variants")
     return 0
 
 
@@ -76,7 +81,9 @@ def label(kernel: str) -> str:
     m = KERNEL.search(kernel)
     if m:
         blocks = f", {m.group(4)} blocks/SM" if m.group(4) else ""
-        return f"{m.group(1)} {m.group(2)}-bit {'sym' if m.group(3) == 'true' else 'asym'}{blocks}"
+        staged = ", staged" if m.group(5) == "true" else ""
+        sym = "sym" if m.group(3) == "true" else "asym"
+        return f"{m.group(1)} {m.group(2)}-bit {sym}{blocks}{staged}"
     if "vectorized_elementwise" in kernel:
         return "stream (x + 0)"
     return kernel[:40]

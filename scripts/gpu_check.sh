@@ -5,7 +5,7 @@
 # streams and Work, a CUDA graph replayed 100 times, calls on different streams, the set-up's
 # agreement on settings; the NCCL transport at world size 1), benchmarks the codec kernels
 # against device-to-device copy (also in the launch variants: QCOMM_CUDA_PREFETCH=1,
-# QCOMM_CUDA_ENCODE_BLOCKS=4, both; side by side) and the fused
+# QCOMM_CUDA_ENCODE_BLOCKS=4, both, QCOMM_CUDA_ENCODE_STAGED=1; side by side) and the fused
 # two_step's cost per byte (and, profiled, where its time goes in eight launch shapes: tile
 # sizes, task-group sizes, the old release fence, the input prefetch), reads the codec kernels'
 # hardware counters with Nsight Compute where ncu may, runs the cost model on what it measured,
@@ -145,7 +145,7 @@ if [ "$QUICK" != 1 ]; then
   run_step 90 "$OUT/tests.log" "${PYTEST[@]}" tests/test_build.py tests/test_cuda_codec.py
 
   # and each kernel again in the launch variants (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4,
-  # both), side by side with the default (codec_variants.csv)
+  # both, QCOMM_CUDA_ENCODE_STAGED=1), side by side with the default (codec_variants.csv)
   step "CUDA codec kernels vs device-to-device copy (and in the launch variants)"
   run_step 150 "$OUT/bench.txt" "$PY" benchmarks/cuda_codec_bench.py \
     --csv "$OUT/codec_kernels.csv" --variants-csv "$OUT/codec_variants.csv"

@@ -107,16 +107,21 @@ def test_cuda_vector_and_scalar_paths_match_cpu(group, dtype):
 
 @pytest.mark.parametrize(
     "settings",
-    [{"QCOMM_CUDA_PREFETCH": "1"}, {"QCOMM_CUDA_ENCODE_BLOCKS": "4"}],
-    ids=["prefetch", "encode_blocks_4"],
+    [
+        {"QCOMM_CUDA_PREFETCH": "1"},
+        {"QCOMM_CUDA_ENCODE_BLOCKS": "4"},
+        {"QCOMM_CUDA_ENCODE_STAGED": "1"},
+    ],
+    ids=["prefetch", "encode_blocks_4", "encode_staged"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
     # the launch variants read at every launch: QCOMM_CUDA_PREFETCH=1, on a message large enough
     # that every warp of the encoder and every block of the decoder takes several turns, so the
-    # next slab or step is prefetched, and QCOMM_CUDA_ENCODE_BLOCKS=4 (the encoders compiled for 4
-    # blocks per SM, spilling in most variants); a partial last slab; the CPU codec's bytes and
-    # values either way
+    # next slab or step is prefetched, QCOMM_CUDA_ENCODE_BLOCKS=4 (the encoders compiled for 4
+    # blocks per SM, spilling in most variants) and QCOMM_CUDA_ENCODE_STAGED=1 (the encoders'
+    # slabs through shared memory by cp.async, two stages per warp); a partial last slab; the CPU
+    # codec's bytes and values either way
     for k, v in settings.items():
         monkeypatch.setenv(k, v)
     n = 8 * 2**20 + 77

@@ -17,8 +17,8 @@ import cuda_codec_bench as bench  # noqa: E402
 
 
 def fake_time(fn, iters=20):
-    """10 us, x0.9 with the prefetch, x0.8 with 4 encode blocks (only where the variant applies:
-    the fake encoder notes that it ran)."""
+    """10 us, x0.9 with the prefetch, x0.8 with 4 encode blocks, x0.7 staged (only where the
+    variant applies: the fake encoder notes that it ran)."""
     fn()
     t = 10e-6
     if os.environ.get("QCOMM_CUDA_PREFETCH") == "1":
@@ -26,6 +26,9 @@ def fake_time(fn, iters=20):
     if os.environ.get("QCOMM_CUDA_ENCODE_BLOCKS") == "4":
         assert fake_time.kernel == "encode", "4 encode blocks timed on a decoder"
         t *= 0.8
+    if os.environ.get("QCOMM_CUDA_ENCODE_STAGED") == "1":
+        assert fake_time.kernel == "encode", "the staged encoder timed on a decoder"
+        t *= 0.7
     return t
 
 
@@ -56,12 +59,14 @@ def test_variants_table(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "timed", fake_time)
     monkeypatch.setenv("QCOMM_CUDA_PREFETCH", "0")  # the caller's own setting
     monkeypatch.delenv("QCOMM_CUDA_ENCODE_BLOCKS", raising=False)
+    monkeypatch.setenv("QCOMM_CUDA_ENCODE_STAGED", "1")  # never leaks into another variant
     main_csv, var_csv = tmp_path / "k.csv", tmp_path / "v.csv"
     argv = ["bench", "--sizes-mib", "1", "--csv", str(main_csv), "--variants-csv", str(var_csv)]
     monkeypatch.setattr(sys, "argv", argv)
     assert bench.main() == 0
     assert os.environ["QCOMM_CUDA_PREFETCH"] == "0"
     assert "QCOMM_CUDA_ENCODE_BLOCKS" not in os.environ
+    assert os.environ["QCOMM_CUDA_ENCODE_STAGED"] == "1"
 
     main_rows = list(csv.DictReader(open(main_csv)))
     assert [r["kernel"] for r in main_rows] == ["copy"] + ["encode", "decode"] * 4
@@ -73,7 +78,8 @@ def test_variants_table(tmp_path, monkeypatch):
         assert r["speed-up prefetch"] == "1.11"
         if r["kernel"] == "encode":
             assert (r["speed-up 4 blocks"], r["speed-up both"]) == ("1.25", "1.39")
-            assert r["best x copy"].endswith("(both)")
+            assert r["speed-up staged"] == "1.43"
+            assert r["best x copy"].endswith("(staged)")
         else:
-            assert (r["time_us 4 blocks"], r["time_us both"]) == ("-", "-")
+            assert (r["time_us 4 blocks"], r["time_us both"], r["time_us staged"]) == ("-",) * 3
             assert r["best x copy"].endswith("(prefetch)")

@@ -111,6 +111,11 @@ def test_rows_units_and_labels(tmp_path):
     assert enc["kernel"] == "encode 8-bit asym, 3 blocks/SM"
     assert dec["kernel"] == "decode 4-bit sym"
     assert stream["kernel"] == "stream (x + 0)"
+    staged = "void qcomm::gpu::(anonymous namespace)::encodeKernel<float, 4, true, 3, true>(float)"
+    assert ncu_codec.label(staged) == "encode 4-bit sym, 3 blocks/SM, staged"
+    assert (
+        ncu_codec.label(staged.replace("3, true>", "4, false>")) == "encode 4-bit sym, 4 blocks/SM"
+    )
     assert enc["us"] == 30.25  # usecond kept as such: 30250 ns / 1e3
     assert dec["us"] == 20.5
     # Mbyte read and byte written, over nanoseconds: GB/s

@@ -4,6 +4,7 @@
 // Decoding: one thread per 4 consecutive elements (one code word in, one float4 out). Unaligned
 // pointers and the last, partial slab take the scalar paths (one warp per group, one thread per
 // element; warp_codec.cuh). Grids are sized to the chip and grid-stride, so any numel works.
+#include <atomic>
 #include <cstdlib>
 #include <type_traits>
 
@@ -42,7 +43,13 @@ __device__ __forceinline__ int64_t warpsInGrid() {
 // (QCOMM_CUDA_ENCODE_BLOCKS=4, an experiment until timed on a GPU): at most 64 registers, 32
 // warps, a third more slabs' loads in flight, at the price of spills in most variants (not in fp32
 // symmetric ones).
-template <class T, int kBits, bool kSym, int kMinBlocks>
+//
+// kStaged (QCOMM_CUDA_ENCODE_STAGED=1, an experiment until timed on a GPU): a warp's slabs pass
+// through two stages of shared memory (stagedBytes<T>() per block), each lane copying there with
+// cp.async the very 16-byte vectors it later reads: the next slab is in flight while this one is
+// encoded, so memory is kept busy between a warp's loads without more registers. Without it a
+// warp's loads of one slab and its encode of that slab take turns.
+template <class T, int kBits, bool kSym, int kMinBlocks, bool kStaged>
 __global__ void __launch_bounds__(kBlock, kMinBlocks)
     encodeKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise, bool prefetch) {
   constexpr int kVec = 16 / int(sizeof(T));  // one 16-byte load per lane and vector
@@ -62,6 +69,49 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks)
     return;
   }
   const int64_t slabs = (n + kSlab - 1) / kSlab;
+  // the last, partial slab: its groups one by one
+  auto partialSlab = [&](int64_t base) {
+    for (int64_t g = base >> t.groupShift; g < t.groups; ++g) {
+      const T* xg = x + g * c.groupSize;
+      encodeGroupWarp<kBits, kSym>(block, n, c, g, noise, [&](int k) { return toFloat(xg[k]); });
+    }
+  };
+  if constexpr (kStaged) {
+    const int64_t whole = n / kSlab;  // slabs that pass through the stages
+    T* const stages = reinterpret_cast<T*>(dynamicShared()) + (threadIdx.x / kWarp) * 2 * kSlab;
+    // one group of copies per slab of this warp, empty past the whole slabs, so that the group
+    // before the newest is always the slab being encoded
+    auto fetch = [&](int64_t s, T* stage) {
+      if (s < whole) {
+#pragma unroll
+        for (int j = 0; j < kU; ++j) {
+          const int64_t e = j * kTile + lane * kVec;
+          copyAsync16(stage + e, x + s * kSlab + e);
+        }
+      }
+      copyAsyncCommit();
+    };
+    int cur = 0;
+    fetch(globalWarp(), stages);
+    for (int64_t s = globalWarp(); s < slabs; s += warpsInGrid()) {
+      // the stage fetched into here was read into registers, and encoded, in the last turn
+      fetch(s + warpsInGrid(), stages + (cur ^ 1) * kSlab);
+      if (s < whole) {
+        copyAsyncWait<1>();
+        const T* stage = stages + cur * kSlab;
+        float v[kU][kVec];
+#pragma unroll
+        for (int j = 0; j < kU; ++j) loadFloats(stage + j * kTile + lane * kVec, v[j]);
+        encodeSlab<kBits, kSym, kVec>(v, s * kSlab, t, noise);
+      } else {
+        partialSlab(s * kSlab);
+      }
+      cur ^= 1;
+    }
+    // nothing is left in flight: the last fetch, of slab s + warpsInGrid() >= slabs, was empty
+    // (the emulator checks that no thread exits with copies it never waited for)
+    return;
+  }
   constexpr int kSlabLines = kSlab * int(sizeof(T)) / 128;  // 128-byte lines of a slab
   for (int64_t s = globalWarp(); s < slabs; s += warpsInGrid()) {
     const int64_t base = s * kSlab;
@@ -74,13 +124,17 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks)
 #pragma unroll
       for (int j = 0; j < kU; ++j) loadFloats(x + base + j * kTile + lane * kVec, v[j]);
       encodeSlab<kBits, kSym, kVec>(v, base, t, noise);
-    } else {  // the last, partial slab: its groups one by one
-      for (int64_t g = base >> t.groupShift; g < t.groups; ++g) {
-        const T* xg = x + g * c.groupSize;
-        encodeGroupWarp<kBits, kSym>(block, n, c, g, noise, [&](int k) { return toFloat(xg[k]); });
-      }
+    } else {
+      partialSlab(base);
     }
   }
+}
+
+// Dynamic shared memory of the staged encoder: two slabs of T for each warp of a block (64 KB for
+// fp32, 32 KB for 16-bit types).
+template <class T>
+constexpr int stagedBytes() {
+  return (kBlock / kWarp) * 2 * kSlab * int(sizeof(T));
 }
 
 template <class T, class R>
@@ -287,11 +341,12 @@ int balancedGrid(int64_t needed, int64_t cap) {
 
 namespace {
 
-template <auto kKernel>
+template <auto kKernel, int kShared = 0>
 int gridFor(int64_t blocksNeeded) {
   static const int perSm = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kBlock, 0) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kBlock, kShared) !=
+        cudaSuccess) {
       (void)cudaGetLastError();  // only our own query failed; fall back to a guess
       b = 2048 / kBlock;
     }
@@ -321,6 +376,39 @@ void launch(int64_t blocksNeeded, cudaStream_t s, Args... args) {
   QCOMM_LAUNCH(kKernel, gridFor<kKernel>(blocksNeeded), kBlock, s)(args...);
 }
 
+// Whether kKernel may take kShared bytes of dynamic shared memory on the current device: above 48
+// KB a kernel must ask for it, once per device (and prefers the largest shared-memory carveout,
+// so that three 64 KB blocks fit on an SM where the chip has the room). False where the device
+// refuses (then the caller launches another kernel).
+template <auto kKernel, int kShared>
+bool sharedAllowed() {
+  if (kShared <= 48 * 1024) return true;
+  static std::atomic<uint64_t> asked{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit != 0 && (asked.load() & bit) != 0) return true;
+  const void* k = reinterpret_cast<const void*>(kKernel);
+  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared) !=
+          cudaSuccess ||
+      cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           int(cudaSharedmemCarveoutMaxShared)) != cudaSuccess) {
+    (void)cudaGetLastError();  // only our own request failed
+    return false;
+  }
+  asked.fetch_or(bit);
+  return true;
+}
+
+template <auto kKernel, int kShared, class... Args>
+void launchShared(int64_t blocksNeeded, cudaStream_t s, Args... args) {
+  const int grid = gridFor<kKernel, kShared>(blocksNeeded);
+  QCOMM_LAUNCH_SHARED(kKernel, grid, kBlock, kShared, s)(args...);
+}
+
 // QCOMM_CUDA_PREFETCH=1: the encoder and decoder prefetch their next slab or step into L2 (an
 // experiment until measured on a GPU; read at every launch, so a benchmark can compare both).
 bool prefetchOn() {
@@ -335,17 +423,31 @@ bool fourEncodeBlocks() {
   return v != nullptr && v[0] == '4' && v[1] == '\0';
 }
 
+// QCOMM_CUDA_ENCODE_STAGED=1: the encoders stage their slabs in shared memory (see encodeKernel;
+// read at every launch; the same bytes). It takes precedence over QCOMM_CUDA_ENCODE_BLOCKS and
+// QCOMM_CUDA_PREFETCH; where the device refuses the shared memory, the default encoder runs.
+bool stagedEncode() {
+  const char* v = std::getenv("QCOMM_CUDA_ENCODE_STAGED");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
 template <class T>
 void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const Noise& noise,
                   cudaStream_t s) {
   const bool prefetch = prefetchOn();
   const bool four = fourEncodeBlocks();
+  const bool staged = stagedEncode();
   withCodec(c, [&](auto k) {
     using K = decltype(k);
-    if (four) {
-      launch<encodeKernel<T, K::bits, K::sym, 4>>(slabBlocks(n), s, x, n, c, dst, noise, prefetch);
+    constexpr auto kStagedKernel = encodeKernel<T, K::bits, K::sym, 3, true>;
+    if (staged && sharedAllowed<kStagedKernel, stagedBytes<T>()>()) {
+      launchShared<kStagedKernel, stagedBytes<T>()>(slabBlocks(n), s, x, n, c, dst, noise, false);
+    } else if (four) {
+      launch<encodeKernel<T, K::bits, K::sym, 4, false>>(slabBlocks(n), s, x, n, c, dst, noise,
+                                                         prefetch);
     } else {
-      launch<encodeKernel<T, K::bits, K::sym, 3>>(slabBlocks(n), s, x, n, c, dst, noise, prefetch);
+      launch<encodeKernel<T, K::bits, K::sym, 3, false>>(slabBlocks(n), s, x, n, c, dst, noise,
+                                                         prefetch);
     }
   });
 }
