@@ -35,9 +35,7 @@ import re
 import sys
 
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
-KERNEL = re.compile(
-    r"\b(encode|decode)Kernel<(?:[^<>,]+,\s*)?(\d+),\s*(true|false)(?:,\s*(\d+))?(?:,\s*(true|false))?>"
-)
+KERNEL = re.compile(r"\b(encode|decode)Kernel<([^<>]*)>")
 
 
 def run(mib: int) -> int:
@@ -78,12 +76,17 @@ def number(text: str) -> float | None:
 
 
 def label(kernel: str) -> str:
+    """ "encode 8-bit asym, 3 blocks/SM, staged" from encodeKernel<T, bits, sym, blocks, staged>
+    (decodeKernel<bits, sym>), whether the demangler writes `8, false` or `(int)8, (bool)0`."""
     m = KERNEL.search(kernel)
     if m:
-        blocks = f", {m.group(4)} blocks/SM" if m.group(4) else ""
-        staged = ", staged" if m.group(5) == "true" else ""
-        sym = "sym" if m.group(3) == "true" else "asym"
-        return f"{m.group(1)} {m.group(2)}-bit {sym}{blocks}{staged}"
+        args = [re.sub(r"^\((?:int|bool)\)", "", a.strip()) for a in m.group(2).split(",")]
+        if m.group(1) == "encode":
+            args = args[1:]  # the input type
+        sym = "sym" if args[1] in ("true", "1") else "asym"
+        blocks = f", {args[2]} blocks/SM" if len(args) > 2 else ""
+        staged = ", staged" if len(args) > 3 and args[3] in ("true", "1") else ""
+        return f"{m.group(1)} {args[0]}-bit {sym}{blocks}{staged}"
     if "vectorized_elementwise" in kernel:
         return "stream (x + 0)"
     return kernel[:40]

@@ -2,6 +2,7 @@
 GPU is present (scripts/gpu_check.sh); skips elsewhere."""
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -133,6 +134,46 @@ def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
         want = _C.codec_decode(cpu, n, bits, 128, sym)
         got = _C.cuda_codec_decode(gpu, n, bits, 128, sym).cpu()
         assert same_floats(want, got), f"bits={bits} sym={sym}: values differ"
+
+
+def _encoder_template(name):
+    """encodeKernel's template arguments (T, bits, sym, blocks per SM, staged) from a demangled
+    kernel name, whether the demangler writes them as `8, false` or as `(int)8, (bool)0`."""
+    inner = name.split("encodeKernel<", 1)[1].split(">", 1)[0]
+    args = [re.sub(r"^\((?:int|bool)\)", "", a.strip()) for a in inner.split(",")]
+    flag = {"true": True, "1": True, "false": False, "0": False}
+    return args[0], int(args[1]), flag[args[2]], int(args[3]), flag[args[4]]
+
+
+@pytest.mark.parametrize(
+    "settings,template",
+    [
+        ({}, (3, False)),
+        ({"QCOMM_CUDA_ENCODE_BLOCKS": "4"}, (4, False)),
+        ({"QCOMM_CUDA_ENCODE_STAGED": "1"}, (3, True)),
+        ({"QCOMM_CUDA_ENCODE_STAGED": "1", "QCOMM_CUDA_ENCODE_BLOCKS": "4"}, (3, True)),
+    ],
+    ids=["default", "encode_blocks_4", "encode_staged", "staged_over_blocks"],
+)
+def test_cuda_encode_setting_picks_its_kernel(settings, template, monkeypatch):
+    # the launch variants give the same bytes (above), so only the kernel's name tells that the
+    # setting took effect and that the staged encoder's shared memory was granted (it falls back
+    # to the default encoder otherwise): read from the profiler's record of the launch
+    from torch.profiler import ProfilerActivity, profile
+
+    for k in ("QCOMM_CUDA_ENCODE_BLOCKS", "QCOMM_CUDA_ENCODE_STAGED"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in settings.items():
+        monkeypatch.setenv(k, v)
+    x = torch.randn(2**20, device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _C.cuda_codec_encode(x, 8, 128, False)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "encodeKernel" in e.name]
+    if not prof.events():
+        pytest.skip("the profiler recorded no CUDA activity on this machine")
+    assert names, [e.name for e in prof.events()]
+    assert all(_encoder_template(n) == ("float", 8, False) + template for n in names), names
 
 
 @pytest.mark.parametrize("local_dtype", [torch.float32, torch.bfloat16, torch.float16])
