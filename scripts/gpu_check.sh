@@ -142,7 +142,7 @@ QUICK="${QUICK:-0}"
 
 if [ "$QUICK" != 1 ]; then
   step "tests: the build, CUDA codec kernels bit for bit against the CPU codec"
-  run_step 90 "$OUT/tests.log" "${PYTEST[@]}" tests/test_build.py tests/test_cuda_codec.py
+  run_step 120 "$OUT/tests.log" "${PYTEST[@]}" tests/test_build.py tests/test_cuda_codec.py
 
   # and each kernel again in the launch variants (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4,
   # both, QCOMM_CUDA_ENCODE_STAGED=1), side by side with the default (codec_variants.csv)
