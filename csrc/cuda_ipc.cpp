@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "algorithms.h"
+#include "cuda/codec_kernels.h"
 
 namespace qcomm {
 namespace {
@@ -345,10 +346,8 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
   a.smCount = smCount_;
   a.taskWarps = taskWarps_;
   a.profile = deviceProfile_;
-  const char* fence = std::getenv("QCOMM_IPC_RELEASE_FENCE");
-  a.releaseFence = fence != nullptr && std::strcmp(fence, "1") == 0 ? 1 : 0;
-  const char* prefetch = std::getenv("QCOMM_CUDA_PREFETCH");
-  a.prefetch = prefetch != nullptr && std::strcmp(prefetch, "1") == 0 ? 1 : 0;
+  a.releaseFence = gpu::launchFlag("QCOMM_IPC_RELEASE_FENCE", "1") ? 1 : 0;
+  a.prefetch = gpu::launchFlag("QCOMM_CUDA_PREFETCH", "1") ? 1 : 0;
   // QCOMM_IPC_SPIN_TIMEOUT_MS lowers the bound of the kernel's spins below the group's timeout
   // (tests and checks that must fail fast rather than wait the default 30 minutes)
   if (const char* v = std::getenv("QCOMM_IPC_SPIN_TIMEOUT_MS")) {

@@ -63,11 +63,15 @@ def test_codec_kernels_match_cpu_codec_under_emulation(build_dir):
     rc, out = _run("codec", build_dir)
     assert rc == 0 and "differences" in out, out[-4000:]
     assert "all " in out and "bit-identical to the CPU codec" in out, out[-4000:]
-    # the launch variants (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4): the same bytes; the
-    # kernels did prefetch, and only inside what they read
+    # the launch variants (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4, both,
+    # QCOMM_CUDA_ENCODE_STAGED=1): the same bytes; the kernels did prefetch, and only inside what
+    # they read
     assert re.search(r"launch variants .*: \d+ cases, 0 differences, [1-9]\d* addresses", out), out
     assert "prefetched, 0 outside the tensor read" in out, out[-4000:]
     assert "simt:" not in out, out[-4000:]
+    # a setting's value it does not understand: one warning, however many launches
+    warning = "QCOMM_CUDA_ENCODE_STAGED='yes' is not understood (1 turns it on"
+    assert out.count(warning) == 1, out[-4000:]
 
 
 def test_fused_two_step_kernel_matches_host_emulation(build_dir):

@@ -5,7 +5,12 @@
 // pointers and the last, partial slab take the scalar paths (one warp per group, one thread per
 // element; warp_codec.cuh). Grids are sized to the chip and grid-stride, so any numel works.
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
 #include <type_traits>
 
 #include "codec_kernels.h"
@@ -332,6 +337,22 @@ __global__ void __launch_bounds__(kBlock, 2)
 // resident count per SM is computed once per kernel.
 }  // namespace
 
+bool launchFlag(const char* name, const char* on, const char* off) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0' || std::strcmp(v, off) == 0) return false;
+  if (std::strcmp(v, on) == 0) return true;
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (warned.insert(name).second) {
+    std::fprintf(stderr,
+                 "qcomm: %s='%s' is not understood (%s turns it on, %s or unset leaves the "
+                 "default); the default runs\n",
+                 name, v, on, off);
+  }
+  return false;
+}
+
 int balancedGrid(int64_t needed, int64_t cap) {
   if (needed < 1) return 1;
   if (cap < 1) cap = 1;
@@ -411,25 +432,16 @@ void launchShared(int64_t blocksNeeded, cudaStream_t s, Args... args) {
 
 // QCOMM_CUDA_PREFETCH=1: the encoder and decoder prefetch their next slab or step into L2 (an
 // experiment until measured on a GPU; read at every launch, so a benchmark can compare both).
-bool prefetchOn() {
-  const char* v = std::getenv("QCOMM_CUDA_PREFETCH");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
-}
+bool prefetchOn() { return launchFlag("QCOMM_CUDA_PREFETCH", "1"); }
 
 // QCOMM_CUDA_ENCODE_BLOCKS=4: the encoders compiled for 4 blocks per SM rather than 3 (see
 // encodeKernel; read at every launch, so that a benchmark can compare both; the same bytes).
-bool fourEncodeBlocks() {
-  const char* v = std::getenv("QCOMM_CUDA_ENCODE_BLOCKS");
-  return v != nullptr && v[0] == '4' && v[1] == '\0';
-}
+bool fourEncodeBlocks() { return launchFlag("QCOMM_CUDA_ENCODE_BLOCKS", "4", "3"); }
 
 // QCOMM_CUDA_ENCODE_STAGED=1: the encoders stage their slabs in shared memory (see encodeKernel;
 // read at every launch; the same bytes). It takes precedence over QCOMM_CUDA_ENCODE_BLOCKS and
 // QCOMM_CUDA_PREFETCH; where the device refuses the shared memory, the default encoder runs.
-bool stagedEncode() {
-  const char* v = std::getenv("QCOMM_CUDA_ENCODE_STAGED");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
-}
+bool stagedEncode() { return launchFlag("QCOMM_CUDA_ENCODE_STAGED", "1"); }
 
 template <class T>
 void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const Noise& noise,

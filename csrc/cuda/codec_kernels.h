@@ -35,5 +35,11 @@ cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void*
 // 1 block; at most cap). Exposed for the emulator's check.
 int balancedGrid(int64_t needed, int64_t cap);
 
+// An experimental launch setting read at every launch or call (QCOMM_CUDA_PREFETCH,
+// QCOMM_CUDA_ENCODE_BLOCKS, QCOMM_CUDA_ENCODE_STAGED, QCOMM_IPC_RELEASE_FENCE): true when the
+// variable `name` holds `on`. Unset, empty or `off` is the default; any other value is too, with
+// one warning per process and setting on stderr that names the values it understands.
+bool launchFlag(const char* name, const char* on, const char* off = "0");
+
 }  // namespace gpu
 }  // namespace qcomm
