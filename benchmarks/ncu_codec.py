@@ -75,18 +75,30 @@ def number(text: str) -> float | None:
         return None
 
 
+def template_args(kernel: str) -> tuple[str, list[str]] | None:
+    """("encode" or "decode", the template arguments) of a codec kernel's demangled name:
+    encodeKernel<T, bits, sym, blocks, staged>, decodeKernel<bits, sym>; bools as true/false
+    whether the demangler writes `8, false` or `(int)8, (bool)0`. None for other kernels."""
+    m = KERNEL.search(kernel)
+    if not m:
+        return None
+    bools = {"(bool)1": "true", "(bool)0": "false"}
+    args = [a.strip() for a in m.group(2).split(",")]
+    return m.group(1), [bools.get(a, re.sub(r"^\(int\)", "", a)) for a in args]
+
+
 def label(kernel: str) -> str:
     """ "encode 8-bit asym, 3 blocks/SM, staged" from encodeKernel<T, bits, sym, blocks, staged>
-    (decodeKernel<bits, sym>), whether the demangler writes `8, false` or `(int)8, (bool)0`."""
-    m = KERNEL.search(kernel)
-    if m:
-        args = [re.sub(r"^\((?:int|bool)\)", "", a.strip()) for a in m.group(2).split(",")]
-        if m.group(1) == "encode":
+    (decodeKernel<bits, sym>)."""
+    parsed = template_args(kernel)
+    if parsed:
+        kind, args = parsed
+        if kind == "encode":
             args = args[1:]  # the input type
-        sym = "sym" if args[1] in ("true", "1") else "asym"
+        sym = "sym" if args[1] == "true" else "asym"
         blocks = f", {args[2]} blocks/SM" if len(args) > 2 else ""
-        staged = ", staged" if len(args) > 3 and args[3] in ("true", "1") else ""
-        return f"{m.group(1)} {args[0]}-bit {sym}{blocks}{staged}"
+        staged = ", staged" if len(args) > 3 and args[3] == "true" else ""
+        return f"{kind} {args[0]}-bit {sym}{blocks}{staged}"
     if "vectorized_elementwise" in kernel:
         return "stream (x + 0)"
     return kernel[:40]

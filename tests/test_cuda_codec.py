@@ -2,7 +2,8 @@
 GPU is present (scripts/gpu_check.sh); skips elsewhere."""
 
 import itertools
-import re
+import os
+import sys
 
 import pytest
 import torch
@@ -10,6 +11,11 @@ from checks import GPU_ONLY, same_floats
 
 from qcomm import _C
 from qcomm import reference as ref
+
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+)
+import ncu_codec  # noqa: E402  (the kernels' template arguments from their demangled names)
 
 pytestmark = GPU_ONLY
 
@@ -136,15 +142,6 @@ def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
         assert same_floats(want, got), f"bits={bits} sym={sym}: values differ"
 
 
-def _encoder_template(name):
-    """encodeKernel's template arguments (T, bits, sym, blocks per SM, staged) from a demangled
-    kernel name, whether the demangler writes them as `8, false` or as `(int)8, (bool)0`."""
-    inner = name.split("encodeKernel<", 1)[1].split(">", 1)[0]
-    args = [re.sub(r"^\((?:int|bool)\)", "", a.strip()) for a in inner.split(",")]
-    flag = {"true": True, "1": True, "false": False, "0": False}
-    return args[0], int(args[1]), flag[args[2]], int(args[3]), flag[args[4]]
-
-
 @pytest.mark.parametrize(
     "settings,template",
     [
@@ -173,7 +170,9 @@ def test_cuda_encode_setting_picks_its_kernel(settings, template, monkeypatch):
     if not prof.events():
         pytest.skip("the profiler recorded no CUDA activity on this machine")
     assert names, [e.name for e in prof.events()]
-    assert all(_encoder_template(n) == ("float", 8, False) + template for n in names), names
+    blocks, staged = template
+    want = ("encode", ["float", "8", "false", str(blocks), "true" if staged else "false"])
+    assert all(ncu_codec.template_args(n) == want for n in names), names
 
 
 @pytest.mark.parametrize("local_dtype", [torch.float32, torch.bfloat16, torch.float16])

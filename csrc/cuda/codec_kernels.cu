@@ -392,9 +392,11 @@ int64_t elementBlocks(int64_t n, int perThread) {
   return (n + int64_t(kBlock) * perThread - 1) / (int64_t(kBlock) * perThread);
 }
 
-template <auto kKernel, class... Args>
+// kShared: bytes of dynamic shared memory per block (above 48 KB, after sharedAllowed).
+template <auto kKernel, int kShared = 0, class... Args>
 void launch(int64_t blocksNeeded, cudaStream_t s, Args... args) {
-  QCOMM_LAUNCH(kKernel, gridFor<kKernel>(blocksNeeded), kBlock, s)(args...);
+  const int grid = gridFor<kKernel, kShared>(blocksNeeded);
+  QCOMM_LAUNCH_SHARED(kKernel, grid, kBlock, kShared, s)(args...);
 }
 
 // Whether kKernel may take kShared bytes of dynamic shared memory on the current device: above 48
@@ -424,12 +426,6 @@ bool sharedAllowed() {
   return true;
 }
 
-template <auto kKernel, int kShared, class... Args>
-void launchShared(int64_t blocksNeeded, cudaStream_t s, Args... args) {
-  const int grid = gridFor<kKernel, kShared>(blocksNeeded);
-  QCOMM_LAUNCH_SHARED(kKernel, grid, kBlock, kShared, s)(args...);
-}
-
 // QCOMM_CUDA_PREFETCH=1: the encoder and decoder prefetch their next slab or step into L2 (an
 // experiment until measured on a GPU; read at every launch, so a benchmark can compare both).
 bool prefetchOn() { return launchFlag("QCOMM_CUDA_PREFETCH", "1"); }
@@ -453,7 +449,7 @@ void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const
     using K = decltype(k);
     constexpr auto kStagedKernel = encodeKernel<T, K::bits, K::sym, 3, true>;
     if (staged && sharedAllowed<kStagedKernel, stagedBytes<T>()>()) {
-      launchShared<kStagedKernel, stagedBytes<T>()>(slabBlocks(n), s, x, n, c, dst, noise, false);
+      launch<kStagedKernel, stagedBytes<T>()>(slabBlocks(n), s, x, n, c, dst, noise, false);
     } else if (four) {
       launch<encodeKernel<T, K::bits, K::sym, 4, false>>(slabBlocks(n), s, x, n, c, dst, noise,
                                                          prefetch);
