@@ -89,6 +89,17 @@ int ipcTaskWarps(const std::string& prefix) {
       [](long long n) { return n == 1 || n == 2 || n == 4 || n == 8; }, "1, 2, 4 or 8"));
 }
 
+// QCOMM_IPC_KERNELS: how the CUDA-IPC transport runs two_step: fused (default; one persistent
+// kernel, ipc_two_step.cu) or separate (the NCCL transport's codec kernels, with the bytes copied
+// through the buffers: ipc_exchange.h). The same on every rank (the set-up checks).
+bool ipcSeparateKernels(const std::string& prefix) {
+  const char* v = std::getenv("QCOMM_IPC_KERNELS");
+  const std::string k = v && *v ? v : "fused";
+  TORCH_CHECK_VALUE(k == "fused" || k == "separate", prefix, "invalid QCOMM_IPC_KERNELS '", k,
+                    "'; allowed: fused, separate");
+  return k == "separate";
+}
+
 // The NCCL transport: the algorithms over the inner backend's collectives (collective_algos.cpp)
 // with the CUDA codec kernels on `stream`. Returns the encoded bytes this rank sends (the unpadded
 // count: the all-to-all and all-gather pad units to one size).
@@ -157,11 +168,13 @@ CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
     std::string mode = "invalid", settingsError;
     int64_t bufferBytes = 0, tileElems = kIpcTileElems;
     int taskWarps = kIpcBlockWarps;
+    bool separate = false;
     try {
       mode = transportMode(prefix());
       bufferBytes = ipcBufferBytes(prefix());
       tileElems = ipcTileElems(prefix());
       taskWarps = ipcTaskWarps(prefix());
+      separate = ipcSeparateKernels(prefix());
     } catch (const c10::Error& e) {
       mode = "invalid";
       settingsError = e.what_without_backtrace();
@@ -176,7 +189,7 @@ CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
     } else {
       // every rank takes part, whatever its mode, so that the verdict is the same everywhere
       p->ipc = IpcTransport::create(*store_, getRank(), getSize(), device, bufferBytes, tileElems,
-                                    mode, &p->note, &mustFail);
+                                    separate, mode, &p->note, &mustFail);
       if (p->ipc) p->ipc->setTaskWarps(taskWarps);
     }
     TORCH_CHECK_VALUE(settingsError.empty(), settingsError);

@@ -11,6 +11,7 @@
 #include "codec_cpu.h"
 #include "codec_ops.h"
 #include "collective_algos.h"
+#include "ipc_exchange.h"
 #include "ipc_host.h"
 #include "ipc_layout.h"
 
@@ -154,16 +155,14 @@ py::dict configToDict(const QuantConfig& c) {
   return d;
 }
 
-// The fused CUDA-IPC two_step's protocol run on host memory, one thread per rank of `ranks`
-// (default all; each as `blocks` threads, as the kernel's blocks), in place on `inputs` (one
-// CPU tensor per rank) over `buffers` (one zeroed byte tensor per rank, kept by the caller
-// across calls so epochs carry on). For the CPU tests.
-std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<at::Tensor> buffers,
-                                   py::tuple cfg, bool average, uint32_t callSeq, int64_t timeoutMs,
-                                   std::vector<int> ranks, int blocks, int64_t tileElems) {
+// The plan of an emulated CUDA-IPC call: one contiguous CPU input and one equal uint8 buffer per
+// rank (at least 2), a config that quantizes with two_step without rotation.
+Plan emulatedPlan(const char* what, const std::vector<at::Tensor>& inputs,
+                  const std::vector<at::Tensor>& buffers, py::tuple cfg, bool average,
+                  uint32_t callSeq) {
   const int world = int(inputs.size());
-  TORCH_CHECK_VALUE(world >= 2 && buffers.size() == inputs.size(),
-                    "ipc_two_step_emulate: one input and one buffer per rank, at least 2 ranks");
+  TORCH_CHECK_VALUE(world >= 2 && buffers.size() == inputs.size(), what,
+                    ": one input and one buffer per rank, at least 2 ranks");
   const QuantConfig c =
       configFromArgs(cfg[0].cast<int>(), cfg[1].cast<int>(), cfg[2].cast<int>(), cfg[3].cast<int>(),
                      cfg[4].cast<bool>(), cfg[5].cast<int64_t>(), cfg[6].cast<int>(),
@@ -178,15 +177,33 @@ std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<a
     TORCH_CHECK_VALUE(inputs[r].device().is_cpu() && inputs[r].is_contiguous() &&
                           inputs[r].numel() == f.numel &&
                           inputs[r].scalar_type() == inputs[0].scalar_type(),
-                      "ipc_two_step_emulate: contiguous CPU inputs of one dtype and numel");
+                      what, ": contiguous CPU inputs of one dtype and numel");
     TORCH_CHECK_VALUE(buffers[r].scalar_type() == at::kByte && buffers[r].is_contiguous() &&
                           buffers[r].numel() == buffers[0].numel(),
-                      "ipc_two_step_emulate: equal contiguous uint8 buffers");
+                      what, ": equal contiguous uint8 buffers");
   }
   Plan plan = makePlan(f, c);
-  TORCH_CHECK_VALUE(plan.quantize && plan.algorithm == kTwoStep && !plan.rotate,
-                    "ipc_two_step_emulate: the config must quantize with two_step, no rotation");
+  TORCH_CHECK_VALUE(plan.quantize && plan.algorithm == kTwoStep && !plan.rotate, what,
+                    ": the config must quantize with two_step, no rotation");
   plan.callSeq = callSeq;
+  return plan;
+}
+
+std::vector<uint8_t*> bufferPointers(std::vector<at::Tensor>& buffers) {
+  std::vector<uint8_t*> p;
+  for (auto& b : buffers) p.push_back(b.data_ptr<uint8_t>());
+  return p;
+}
+
+// The fused CUDA-IPC two_step's protocol run on host memory, one thread per rank of `ranks`
+// (default all; each as `blocks` threads, as the kernel's blocks), in place on `inputs` (one
+// CPU tensor per rank) over `buffers` (one zeroed byte tensor per rank, kept by the caller
+// across calls so epochs carry on). For the CPU tests.
+std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<at::Tensor> buffers,
+                                   py::tuple cfg, bool average, uint32_t callSeq, int64_t timeoutMs,
+                                   std::vector<int> ranks, int blocks, int64_t tileElems) {
+  const int world = int(inputs.size());
+  const Plan plan = emulatedPlan("ipc_two_step_emulate", inputs, buffers, cfg, average, callSeq);
   std::string why;
   const IpcGeometry g =
       ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world, buffers[0].numel(), &why, tileElems);
@@ -197,8 +214,7 @@ std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<a
   IpcError error{};
   const int64_t missesBefore = ipcEmulatedPrefetchMisses();
   std::vector<IpcTwoStepArgs> args(ranks.size());
-  std::vector<uint8_t*> bufferPtrs;
-  for (auto& b : buffers) bufferPtrs.push_back(b.data_ptr<uint8_t>());
+  std::vector<uint8_t*> bufferPtrs = bufferPointers(buffers);
   {
     py::gil_scoped_release noGil;
     std::vector<std::thread> threads;
@@ -215,6 +231,74 @@ std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<a
   TORCH_CHECK(misses == 0, "ipc_two_step_emulate: ", misses,
               " input tiles named for prefetching were not the next encoded (ipc_protocol.h, "
               "nextEncode)");
+  return inputs;
+}
+
+// The separate kernels' exchange on host buffers (HostCopies, ipc_host.h) for the collective path.
+class HostIpcExchange final : public ByteExchange {
+ public:
+  HostIpcExchange(const IpcTwoStepArgs& a, const IpcExchangeGeometry& g)
+      : copies_{a}, x_(copies_, g, copies_.a.buffers, a.rank, a.world) {
+    check(x_.begin(), "the call's first barrier");
+  }
+  void allToAll(at::Tensor& out, at::Tensor& in, const char* what) override {
+    check(x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel() / copies_.a.world,
+                 false),
+          what);
+  }
+  void allGather(at::Tensor& out, at::Tensor& in, const char* what) override {
+    check(x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel(), true), what);
+  }
+
+ private:
+  // the record itself is read after every rank's thread has ended
+  void check(bool ok, const char* what) {
+    TORCH_CHECK(ok, rankPrefix(copies_.a.rank, copies_.a.world), what, ": a barrier gave up");
+  }
+  HostCopies copies_;
+  ipc::Exchange<HostCopies> x_;
+};
+
+// The separate-kernels two_step over CUDA IPC (QCOMM_IPC_KERNELS=separate) run on host memory:
+// the collective path's two_step with the CPU codec, its bytes exchanged through `buffers` (one
+// zeroed byte tensor per rank, kept across calls so the barrier counts carry on) by the schedule
+// of ipc_exchange.h, one thread per rank of `ranks` (default all), in place on `inputs`.
+std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
+                                           std::vector<at::Tensor> buffers, py::tuple cfg,
+                                           bool average, uint32_t callSeq, int64_t timeoutMs,
+                                           std::vector<int> ranks) {
+  const int world = int(inputs.size());
+  const Plan plan = emulatedPlan("ipc_separate_emulate", inputs, buffers, cfg, average, callSeq);
+  std::string why;
+  const IpcExchangeGeometry g = ipcExchangeGeometry(world, buffers[0].numel(), &why);
+  TORCH_CHECK_VALUE(why.empty(), "ipc_separate_emulate: ", why);
+  if (ranks.empty()) {
+    for (int r = 0; r < world; ++r) ranks.push_back(r);
+  }
+  IpcError error{};
+  std::vector<uint8_t*> bufferPtrs = bufferPointers(buffers);
+  std::vector<std::string> failed(ranks.size());
+  {
+    py::gil_scoped_release noGil;
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      threads.emplace_back([&, i]() {
+        const int r = ranks[i];
+        try {
+          const IpcTwoStepArgs a = ipcArgs(plan, r, IpcGeometry{}, inputs[r].data_ptr(),
+                                           bufferPtrs.data(), timeoutMs * 1000000, &error);
+          HostIpcExchange ex(a, g);
+          CpuCodecOps ops;
+          runTwoStepOver(plan, ex, r, inputs[r], ops);
+        } catch (const std::exception& e) {
+          failed[i] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error));
+  for (const std::string& f : failed) TORCH_CHECK(f.empty(), f);
   return inputs;
 }
 
@@ -316,6 +400,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,
         py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{}, py::arg("blocks") = 1,
         py::arg("tile_elems") = kIpcTileElems);
+  m.def("ipc_separate_emulate", &ipcSeparateEmulate, py::arg("inputs"), py::arg("buffers"),
+        py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,
+        py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{});
+  m.def(
+      "ipc_exchange_geometry",
+      [](int world, int64_t bufferBytes) {
+        std::string why;
+        const IpcExchangeGeometry g = ipcExchangeGeometry(world, bufferBytes, &why);
+        py::dict d;
+        d["half_bytes"] = g.halfBytes;
+        d["round_bytes"] = g.roundBytes;
+        d["data_offset"] = kIpcDataOffset;
+        d["error"] = why;
+        return d;
+      },
+      py::arg("world"), py::arg("buffer_bytes"));
   m.def(
       "ipc_geometry",
       [](int64_t chunkElems, int rsBits, int agBits, int groupSize, bool symmetric,

@@ -31,10 +31,12 @@ struct Leg {
 
 class Collective {
  public:
-  Collective(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor& data, CodecOps& ops,
-             std::chrono::milliseconds timeout)
+  // ex moves two_step's and the gather phase's bytes; hops (null: two_step only) the rings'.
+  Collective(const Plan& plan, ByteExchange& ex, Transport* hops, int rank, at::Tensor& data,
+             CodecOps& ops)
       : p_(plan),
-        t_(&inner, rank, plan.world, timeout, data.is_cuda()),
+        ex_(ex),
+        t_(hops),
         rank_(rank),
         data_(data),
         ops_(ops),
@@ -87,13 +89,14 @@ class Collective {
   // then a wait on each, which on CUDA only orders the current stream after the transfers.
   void hop(const std::vector<Leg>& legs, const std::string& what) {
     step_ = what;
+    TORCH_CHECK(t_ != nullptr, "the rings need the inner backend's point-to-point transfers");
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    t_.startBatch();
+    t_->startBatch();
     for (const Leg& l : legs) {
-      works.push_back(l.send ? t_.isend(*l.buf, l.peer, l.tag) : t_.irecv(*l.buf, l.peer, l.tag));
+      works.push_back(l.send ? t_->isend(*l.buf, l.peer, l.tag) : t_->irecv(*l.buf, l.peer, l.tag));
     }
-    works.push_back(t_.endBatch());
-    for (auto& w : works) t_.wait(w, what);
+    works.push_back(t_->endBatch());
+    for (auto& w : works) t_->wait(w, what);
   }
 
   // A world of one: the sum is the input.
@@ -108,7 +111,7 @@ class Collective {
     at::Tensor out = bytes(unit * world);
     step_ = "two_step reduce phase (encode)";
     for (int c = 0; c < world; ++c) encodeInput(c, ptr(in, c * unit));
-    t_.allToAll(out, in, "two_step reduce phase (all-to-all)");
+    ex_.allToAll(out, in, "two_step reduce phase (all-to-all)");
     step_ = "two_step reduce phase (sum)";
     for (int j = 0; j < world; ++j) ops_.decode(ptr(out, j * unit), own_.len, p_.rs, sum(), j > 0);
   }
@@ -201,7 +204,7 @@ class Collective {
     at::Tensor mine = bytes(unit);
     at::Tensor all = bytes(unit * world);
     ops_.encode(sum(), kFloat32, own_.len, p_.ag, ptr(mine), agNoise(p_, rank_, own_.begin));
-    t_.allGather(all, mine, "gather phase (all-gather)");
+    ex_.allGather(all, mine, "gather phase (all-gather)");
     step_ = "gather phase (decode)";
     for (int j = 0; j < world; ++j) {
       const ChunkRange ch = p_.chunk(j);
@@ -215,7 +218,8 @@ class Collective {
   }
 
   const Plan& p_;
-  Transport t_;
+  ByteExchange& ex_;
+  Transport* t_;
   int rank_;
   at::Tensor& data_;
   CodecOps& ops_;
@@ -226,8 +230,11 @@ class Collective {
 
 }  // namespace
 
-void runCollective(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor& data,
-                   CodecOps& ops, std::chrono::milliseconds timeout) {
+namespace {
+
+// Checks the call, then runs it; an error names the step that failed.
+void runChecked(const Plan& plan, ByteExchange& ex, Transport* hops, int rank, at::Tensor& data,
+                CodecOps& ops) {
   const std::string where = rankPrefix(rank, plan.world) + "allreduce: ";
   TORCH_CHECK_VALUE(!plan.rotate, where,
                     "rotate=True is not supported by the collective (NCCL) path yet; set "
@@ -237,7 +244,7 @@ void runCollective(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor&
                         codecDtype(data.scalar_type()) == plan.dtype,
                     where, "expected a contiguous tensor of ", plan.numel,
                     " elements of the plan's dtype, got ", data.sizes(), " ", data.scalar_type());
-  Collective c(plan, inner, rank, data, ops, timeout);
+  Collective c(plan, ex, hops, rank, data, ops);
   try {
     c.run();
   } catch (const c10::Error& e) {
@@ -245,6 +252,20 @@ void runCollective(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor&
     if (msg.rfind("[qcomm rank", 0) == 0) throw;  // a transport error already says it all
     TORCH_CHECK(false, where, c.step(), " failed: ", msg);
   }
+}
+
+}  // namespace
+
+void runCollective(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor& data,
+                   CodecOps& ops, std::chrono::milliseconds timeout) {
+  Transport t(&inner, rank, plan.world, timeout, data.is_cuda());
+  runChecked(plan, t, &t, rank, data, ops);
+}
+
+void runTwoStepOver(const Plan& plan, ByteExchange& ex, int rank, at::Tensor& data, CodecOps& ops) {
+  TORCH_CHECK(plan.algorithm == kTwoStep, rankPrefix(rank, plan.world),
+              "allreduce: this exchange runs two_step only, not ", algoName(plan.algorithm));
+  runChecked(plan, ex, nullptr, rank, data, ops);
 }
 
 at::Tensor collectiveAllreduceForTest(QncclBackend& be, at::Tensor t, bool avg, bool forceWorld1,

@@ -16,6 +16,7 @@
 
 #include "codec_ops.h"
 #include "plan.h"
+#include "transport.h"
 
 namespace qcomm {
 
@@ -28,6 +29,10 @@ class QncclBackend;
 // timeout bounds each host-side wait (CPU); on CUDA the inner backend's watchdog applies its own.
 void runCollective(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor& data,
                    CodecOps& ops, std::chrono::milliseconds timeout);
+
+// two_step as runCollective runs it, with its all-to-all and all-gather done by `ex` (the CUDA-IPC
+// buffers' copies: QCOMM_IPC_KERNELS=separate, ipc_exchange.h).
+void runTwoStepOver(const Plan& plan, ByteExchange& ex, int rank, at::Tensor& data, CodecOps& ops);
 
 // Test hook: an allreduce of `t` (SUM, or AVG) through runCollective, planned as
 // QncclBackend::allreduce plans it, over be.inner(t.is_cuda()) with the CodecOps of t's device

@@ -15,14 +15,18 @@
 #include <vector>
 
 #include "algorithms.h"
+#include "codec_ops.h"
+#include "collective_algos.h"
 #include "cuda/codec_kernels.h"
+#include "ipc_exchange.h"
 
 namespace qcomm {
 namespace {
 
 // The settings whose invalid value makes a rank's mode "invalid" (backend_cuda.cpp).
 constexpr const char* kSettings =
-    "QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB, QCOMM_IPC_TILE_ELEMS or QCOMM_IPC_TASK_WARPS";
+    "QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB, QCOMM_IPC_TILE_ELEMS, QCOMM_IPC_TASK_WARPS or "
+    "QCOMM_IPC_KERNELS";
 
 // What each rank publishes under qcomm_ipc/info/<rank>.
 struct PeerInfo {
@@ -33,7 +37,7 @@ struct PeerInfo {
   int64_t tileElems;    // its QCOMM_IPC_TILE_ELEMS: so does this
   uint64_t process;     // a random token of its process: ranks that are threads of one process
   int32_t allocated;
-  int32_t pad;
+  int32_t separate;  // its QCOMM_IPC_KERNELS is separate: every rank must run the same kernels
   uint64_t pointer;  // the buffer's address in its owner's process (used within one process)
   cudaIpcMemHandle_t handle;
 };
@@ -87,8 +91,9 @@ std::vector<uint8_t> getFrom(c10d::Store& store, const std::string& key, int ran
 
 std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank, int world,
                                                    int device, int64_t bufferBytes,
-                                                   int64_t tileElems, const std::string& mode,
-                                                   std::string* whyNot, std::string* mustFail) {
+                                                   int64_t tileElems, bool separate,
+                                                   const std::string& mode, std::string* whyNot,
+                                                   std::string* mustFail) {
   c10::cuda::CUDAGuard guard(device);  // every allocation and mapping below is on `device`
   if (world > kIpcMaxRanks) {
     // known on every rank without asking: no store rounds (they cost world^2 reads)
@@ -106,6 +111,7 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   t->device_ = device;
   t->bufferBytes_ = bufferBytes;
   t->tileElems_ = tileElems;
+  t->separate_ = separate;
   std::string local;  // why this rank cannot take part ("" = it can)
 
   PeerInfo mine{};
@@ -113,6 +119,7 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   std::strncpy(mine.mode, mode.c_str(), sizeof(mine.mode) - 1);
   mine.bufferBytes = bufferBytes;
   mine.tileElems = tileElems;
+  mine.separate = separate ? 1 : 0;
   mine.process = processToken();
   cudaDeviceGetPCIBusId(mine.busId, sizeof(mine.busId) - 1, device);
   cudaDeviceGetAttribute(&t->smCount_, cudaDevAttrMultiProcessorCount, device);
@@ -194,6 +201,10 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     } else if (p.tileElems != tileElems) {
       local = "QCOMM_IPC_TILE_ELEMS differs: " + std::to_string(tileElems) + " on rank " +
               std::to_string(rank) + ", " + std::to_string(p.tileElems) + " on " + who;
+    } else if (p.separate != mine.separate) {
+      local = std::string("QCOMM_IPC_KERNELS differs: ") + (separate ? "separate" : "fused") +
+              " on rank " + std::to_string(rank) + ", " + (p.separate ? "separate" : "fused") +
+              " on " + who;
     } else if (!p.allocated) {
       local = who + " could not set up its buffer";
     } else if (std::strncmp(p.host, mine.host, sizeof(mine.host)) != 0) {
@@ -335,46 +346,116 @@ void IpcTransport::abortPeers() {
   cudaGetLastError();
 }
 
-int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t stream,
-                          std::chrono::milliseconds timeout) {
-  std::string why;
-  const IpcGeometry g =
-      ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world_, bufferBytes_, &why, tileElems_);
-  TORCH_CHECK_VALUE(why.empty(), rankPrefix(rank_, world_), "allreduce: ", why);
-  IpcTwoStepArgs a = ipcArgs(plan, rank_, g, data.data_ptr(), peers_,
-                             int64_t(timeout.count()) * 1000000, deviceError_);
+namespace {
+
+// The separate kernels' executor of ipc_exchange.h: each step's copies in one copy kernel, and the
+// barrier kernel, enqueued on the call's stream. A barrier that gives up records the error on the
+// device (checkError reads it); a launch that fails is kept in `error`.
+struct GpuCopies {
+  IpcTwoStepArgs a;  // the barrier's: buffers, rank, world, bound, error record
+  cudaStream_t stream;
+  int maxBlocks;
+  cudaError_t error = cudaSuccess;
+  gpu::IpcCopies pending{};
+  void copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+    if (pending.count == kIpcMaxRanks) flush();
+    pending.copy[pending.count++] = gpu::IpcCopy{dst, src, bytes};
+  }
+  void flush() {
+    if (pending.count > 0 && error == cudaSuccess) error = gpu::ipcCopy(pending, maxBlocks, stream);
+    pending.count = 0;
+  }
+  bool barrier(uint32_t index) {
+    flush();
+    if (error == cudaSuccess) error = gpu::ipcBarrier(a, index, stream);
+    return true;
+  }
+};
+
+class GpuIpcExchange final : public ByteExchange {
+ public:
+  GpuIpcExchange(const IpcTwoStepArgs& a, const IpcExchangeGeometry& g, cudaStream_t stream,
+                 int maxBlocks)
+      : copies_{a, stream, maxBlocks}, x_(copies_, g, copies_.a.buffers, a.rank, a.world) {
+    x_.begin();
+    check("the call's first barrier");
+  }
+  void allToAll(at::Tensor& out, at::Tensor& in, const char* what) override {
+    const int64_t slot = in.numel() / copies_.a.world;
+    x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), slot, false);
+    sent_ += x_.peerBytes(slot);
+    check(what);
+  }
+  void allGather(at::Tensor& out, at::Tensor& in, const char* what) override {
+    x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel(), true);
+    sent_ += x_.peerBytes(in.numel());
+    check(what);
+  }
+  int64_t sent() const { return sent_; }
+
+ private:
+  void check(const char* what) {
+    TORCH_CHECK(copies_.error == cudaSuccess, "enqueuing ", what, " failed (",
+                cudaGetErrorString(copies_.error), ")");
+  }
+  GpuCopies copies_;
+  ipc::Exchange<GpuCopies> x_;
+  int64_t sent_ = 0;
+};
+
+}  // namespace
+
+IpcTwoStepArgs IpcTransport::args(const Plan& plan, const IpcGeometry& g, void* data,
+                                  std::chrono::milliseconds timeout) const {
+  IpcTwoStepArgs a =
+      ipcArgs(plan, rank_, g, data, peers_, int64_t(timeout.count()) * 1000000, deviceError_);
   a.smCount = smCount_;
   a.taskWarps = taskWarps_;
   a.profile = deviceProfile_;
   a.releaseFence = gpu::launchFlag("QCOMM_IPC_RELEASE_FENCE", "1") ? 1 : 0;
   a.prefetch = gpu::launchFlag("QCOMM_CUDA_PREFETCH", "1") ? 1 : 0;
-  // QCOMM_IPC_SPIN_TIMEOUT_MS lowers the bound of the kernel's spins below the group's timeout
+  // QCOMM_IPC_SPIN_TIMEOUT_MS lowers the bound of the kernels' spins below the group's timeout
   // (tests and checks that must fail fast rather than wait the default 30 minutes)
   if (const char* v = std::getenv("QCOMM_IPC_SPIN_TIMEOUT_MS")) {
     const long long ms = std::atoll(v);
     if (ms > 0 && ms * 1000000 < a.timeoutNs) a.timeoutNs = ms * 1000000;
   }
+  return a;
+}
+
+void IpcTransport::failed(const std::string& cause, bool eager) {
+  const std::string msg =
+      "allreduce: " + cause +
+      (eager ? ". This group's CUDA allreduces cannot continue: destroy it and create a new one."
+             : " during CUDA graph capture.");
+  if (eager) {
+    // some launches may have been enqueued and the epoch or barrier count not advanced: this
+    // rank's no longer match its peers'. (A failed capture enqueued nothing: the eager counts
+    // still hold.) Stop every rank's kernels now rather than at their time-out.
+    abortPeers();
+    std::lock_guard<std::mutex> lock(brokenMutex_);
+    broken_ = msg;
+  }
+  TORCH_CHECK(false, rankPrefix(rank_, world_), msg);
+}
+
+int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t stream,
+                          std::chrono::milliseconds timeout) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   const bool eager = cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
                      capture == cudaStreamCaptureStatusNone;
+  if (separate_) return runSeparate(plan, data, stream, timeout, eager);
+  std::string why;
+  const IpcGeometry g =
+      ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world_, bufferBytes_, &why, tileElems_);
+  TORCH_CHECK_VALUE(why.empty(), rankPrefix(rank_, world_), "allreduce: ", why);
+  const IpcTwoStepArgs a = args(plan, g, data.data_ptr(), timeout);
   const cudaError_t e = gpu::ipcTwoStep(a, stream);
   // eager launches only: teardown waits for the last one (pieces enqueued before a failure too)
   if (eager) cudaEventRecord(lastEnd_, stream);
   if (e != cudaSuccess) {
-    const std::string msg =
-        std::string("allreduce: launching the CUDA-IPC two_step failed (") + cudaGetErrorString(e) +
-        ")" +
-        (eager ? ". This group's CUDA allreduces cannot continue: destroy it and create a new one."
-               : " during CUDA graph capture.");
-    if (eager) {
-      // some pieces may have been enqueued and the epoch not advanced: this rank's epochs no
-      // longer match its peers'. (A failed capture enqueued nothing: the eager epochs still hold.)
-      // Stop every rank's kernels now rather than at their time-out.
-      abortPeers();
-      std::lock_guard<std::mutex> lock(brokenMutex_);
-      broken_ = msg;
-    }
-    TORCH_CHECK(false, rankPrefix(rank_, world_), msg);
+    failed(std::string("launching the CUDA-IPC two_step failed (") + cudaGetErrorString(e) + ")",
+           eager);
   }
   cudaGetLastError();
   // bytes written into peers' buffers: every other chunk's tiles once (reduce), own tiles to
@@ -389,6 +470,30 @@ int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t strea
     }
   }
   return wire;
+}
+
+int64_t IpcTransport::runSeparate(const Plan& plan, at::Tensor& data, cudaStream_t stream,
+                                  std::chrono::milliseconds timeout, bool eager) {
+  std::string why;
+  const IpcExchangeGeometry g = ipcExchangeGeometry(world_, bufferBytes_, &why);
+  TORCH_CHECK_VALUE(why.empty(), rankPrefix(rank_, world_), "allreduce: ", why);
+  const IpcTwoStepArgs a = args(plan, IpcGeometry{}, data.data_ptr(), timeout);
+  int64_t sent = 0;
+  std::string cause;
+  try {
+    GpuIpcExchange ex(a, g, stream, 2 * smCount_);
+    std::unique_ptr<CodecOps> ops = makeCudaCodecOps(stream, c10::DeviceIndex(device_));
+    runTwoStepOver(plan, ex, rank_, data, *ops);
+    sent = ex.sent();
+  } catch (const c10::Error& e) {
+    cause = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    cause = e.what();
+  }
+  if (eager) cudaEventRecord(lastEnd_, stream);
+  if (!cause.empty()) failed("the CUDA-IPC two_step (separate kernels) failed: " + cause, eager);
+  cudaGetLastError();
+  return sent;
 }
 
 std::vector<int64_t> IpcTransport::profile() const {

@@ -122,6 +122,11 @@ struct HostExec {
 
 int64_t ipcEmulatedPrefetchMisses() { return prefetchMisses.load(); }
 
+bool ipcBarrierEmulate(const IpcTwoStepArgs& a, uint32_t index) {
+  HostExec ex{a};
+  return ipc::barrier(ex, a.buffers, a.rank, a.world, index);
+}
+
 bool ipcTwoStepEmulate(const IpcTwoStepArgs& a, int blocks) {
   blocks = blocks < 1 ? 1 : blocks;
   for (int64_t p = 0; p < a.geometry.pieces; ++p) {

@@ -3,6 +3,8 @@
 // task loop, addressing, tiling, flags and epochs against the reference (no GPU needed).
 #pragma once
 
+#include <cstring>
+
 #include "ipc_layout.h"
 
 namespace qcomm {
@@ -12,6 +14,21 @@ namespace qcomm {
 // blocks, ...), joined before the next piece as a kernel launch ends. a.hostError must point to
 // host memory shared by the ranks. Returns false when a wait gave up.
 bool ipcTwoStepEmulate(const IpcTwoStepArgs& a, int blocks = 1);
+
+// One barrier of the separate kernels (ipc_protocol.h, barrier) on host buffers, by this thread
+// as rank a.rank, bounded by a.timeoutNs; false when it gave up (the error is in a.hostError).
+bool ipcBarrierEmulate(const IpcTwoStepArgs& a, uint32_t index);
+
+// The host executor of the separate kernels' exchange (ipc_exchange.h): memcpy, and the barrier
+// above.
+struct HostCopies {
+  IpcTwoStepArgs a;  // the barrier's: buffers, rank, world, bound, error record
+  void copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+    std::memcpy(dst, src, size_t(bytes));
+  }
+  void flush() {}
+  bool barrier(uint32_t index) { return ipcBarrierEmulate(a, index); }
+};
 
 // How many times, since the process started, a block of the emulation encoded another input tile
 // than the protocol had named for prefetching (ipc_protocol.h, nextEncode), or named one it never

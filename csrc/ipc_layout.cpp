@@ -29,6 +29,27 @@ IpcGeometry ipcGeometry(int64_t chunkElems, const CodecSpec& rs, const CodecSpec
   return g;
 }
 
+IpcExchangeGeometry ipcExchangeGeometry(int world, int64_t bufferBytes, std::string* error) {
+  IpcExchangeGeometry g;
+  std::string why;
+  const int64_t data = bufferBytes - kIpcDataOffset;
+  if (world < 1 || world > kIpcMaxRanks) {
+    why = "the CUDA-IPC transport takes at most " + std::to_string(kIpcMaxRanks) + " ranks";
+  } else {
+    g.halfBytes = data > 0 ? data / 2 / 16 * 16 : 0;
+    g.roundBytes = g.halfBytes / world / 16 * 16;
+    if (g.roundBytes < 16) {
+      why = "the CUDA-IPC buffer (" + std::to_string(bufferBytes) +
+            " bytes) cannot hold 16 bytes per rank in each half (" +
+            std::to_string(kIpcDataOffset + 2 * 16 * int64_t(world)) +
+            " bytes needed); raise QCOMM_IPC_BUFFER_MB";
+      g.roundBytes = 0;
+    }
+  }
+  if (error) *error = why;
+  return g;
+}
+
 IpcTwoStepArgs ipcArgs(const Plan& plan, int rank, const IpcGeometry& g, void* data,
                        uint8_t* const* buffers, int64_t timeoutNs, IpcError* error) {
   IpcTwoStepArgs a{};
@@ -56,9 +77,15 @@ const char* const kIpcPhaseNames[kIpcPhases] = {
     "copy_out",    "gather_release", "own_decode", "gather_wait", "gather_decode"};
 
 std::string describeIpcError(const IpcError& e) {
-  const std::string step = e.step == 1 ? "reduce phase" : "gather phase";
-  const std::string where = " waiting for rank " + std::to_string(e.peer) + "'s tile " +
-                            std::to_string(e.tile) + " (epoch " + std::to_string(e.epoch) + ")";
+  const std::string step =
+      e.step == 1   ? "reduce phase"
+      : e.step == 2 ? "gather phase"
+                    : "separate kernels' barrier " + std::to_string(e.tile) + " of its call";
+  const std::string where =
+      e.step == 3 ? " waiting for rank " + std::to_string(e.peer) + " (barrier " +
+                        std::to_string(e.epoch) + " since set-up)"
+                  : " waiting for rank " + std::to_string(e.peer) + "'s tile " +
+                        std::to_string(e.tile) + " (epoch " + std::to_string(e.epoch) + ")";
   const std::string after =
       ". This group's CUDA allreduces cannot continue: destroy it and create a new one.";
   if (e.code == 1) {

@@ -35,6 +35,14 @@ constexpr int64_t kIpcAbortOffset = 64;
 // the word a rank's first error claims (in device memory: atomics on host-mapped memory are not
 // atomic everywhere) before it writes the record to host-mapped memory
 constexpr int64_t kIpcErrorClaimOffset = 128;
+// The separate-kernels two_step (QCOMM_IPC_KERNELS=separate, ipc_exchange.h): the barriers this
+// rank has entered (written by its barrier kernel only), and the barrier flags
+// [parity of the barrier's number][source rank], each holding the number of the last barrier its
+// source entered with that parity. A peer runs at most one barrier ahead, so two parities keep a
+// flag from being overwritten before its reader has seen it.
+constexpr int64_t kIpcBarrierCountOffset = 160;
+constexpr int64_t kIpcBarrierFlagsOffset = 192;
+static_assert(kIpcBarrierFlagsOffset + 2 * 8 * 4 <= 256, "the barrier flags fit the control words");
 // Elements per tile, before clipping to the chunk (QCOMM_IPC_TILE_ELEMS): a power of two in
 // [kIpcMinTileElems, kIpcMaxTileElems], so a multiple of every group size (32..1024).
 constexpr int64_t kIpcTileElems = 4096;
@@ -66,10 +74,11 @@ QCOMM_HD int64_t pieceSlots(const IpcGeometry& g, int64_t piece) {
 // What a rank that gives up writes to host-mapped memory (first error wins; code 0 = none).
 struct IpcError {
   uint32_t code;   // 1: timed out waiting for a peer; 2: a peer gave up (abort word set)
-  uint32_t step;   // 1: reduce phase (waiting for a peer's tile), 2: gather phase
+  uint32_t step;   // 1: reduce phase (waiting for a peer's tile), 2: gather phase, 3: a barrier
+                   // of the separate kernels (ipc_exchange.h)
   uint32_t peer;   // the rank waited for
-  uint32_t tile;   // the tile index within the chunk
-  uint32_t epoch;  // the piece's epoch
+  uint32_t tile;   // the tile index within the chunk (step 3: the barrier's index in its call)
+  uint32_t epoch;  // the piece's epoch (step 3: the barrier's number since set-up)
   uint32_t rank;   // the rank that gave up
 };
 
@@ -123,6 +132,19 @@ enum IpcPhase : int {
 };
 constexpr int kIpcProfileSlots = kIpcPhases + 1;  // + the number of (block, piece) runs
 extern const char* const kIpcPhaseNames[kIpcPhases];
+
+// The separate-kernels two_step's exchange of encoded bytes through the buffers' data regions
+// (ipc_exchange.h): the data region is cut into two halves that rounds use in turn; in a round
+// each rank copies up to roundBytes of its slot for rank j into rank j's current half, at
+// [its rank * roundBytes].
+struct IpcExchangeGeometry {
+  int64_t halfBytes = 0;   // bytes of each half
+  int64_t roundBytes = 0;  // bytes of one rank's slot per round, a multiple of 16 (0: too small)
+};
+
+// The exchange geometry of a buffer of bufferBytes for `world` ranks; roundBytes is 0 and *error
+// says why when the buffer cannot hold 16 bytes per rank in each half.
+IpcExchangeGeometry ipcExchangeGeometry(int world, int64_t bufferBytes, std::string* error);
 
 // The arguments of one rank's call of `plan` (a quantized two_step) over the mapped buffers.
 IpcTwoStepArgs ipcArgs(const Plan& plan, int rank, const IpcGeometry& g, void* data,

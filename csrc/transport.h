@@ -9,7 +9,19 @@
 
 namespace qcomm {
 
-class Transport {
+// The two collectives of byte tensors that two_step and the gather phase need: Transport's (the
+// inner backend's), or the CUDA-IPC buffers' (cuda_ipc.cpp, QCOMM_IPC_KERNELS=separate).
+class ByteExchange {
+ public:
+  virtual ~ByteExchange() = default;
+  // Rank j receives slot j of every rank's `in` (W equal slots) into slot i of `out` for rank i.
+  // `what` names the step in errors.
+  virtual void allToAll(at::Tensor& out, at::Tensor& in, const char* what) = 0;
+  // Every rank receives every rank's `in` into slot i of `out`.
+  virtual void allGather(at::Tensor& out, at::Tensor& in, const char* what) = 0;
+};
+
+class Transport final : public ByteExchange {
  public:
   // streamOrdered: the bytes live on a CUDA device and the inner backend is NCCL, whose
   // Work::wait() makes the current stream wait for the transfer without blocking the host; a
@@ -21,11 +33,8 @@ class Transport {
   int rank() const { return rank_; }
   int world() const { return world_; }
 
-  // Rank j receives slot j of every rank's `in` (W equal slots) into slot i of `out` for rank i.
-  // `what` names the step in errors.
-  void allToAll(at::Tensor& out, at::Tensor& in, const char* what);
-  // Every rank receives every rank's `in` into slot i of `out`.
-  void allGather(at::Tensor& out, at::Tensor& in, const char* what);
+  void allToAll(at::Tensor& out, at::Tensor& in, const char* what) override;
+  void allGather(at::Tensor& out, at::Tensor& in, const char* what) override;
   // Point-to-point; tags are offset into a range user code does not use.
   c10::intrusive_ptr<c10d::Work> isend(at::Tensor& t, int peer, int tag);
   c10::intrusive_ptr<c10d::Work> irecv(at::Tensor& t, int peer, int tag);

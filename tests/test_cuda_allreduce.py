@@ -1,5 +1,5 @@
-"""Quantized allreduce of CUDA tensors over the CUDA-IPC transport (the fused two_step kernel),
-and the kernel's protocol emulated on the CPU.
+"""Quantized allreduce of CUDA tensors over the CUDA-IPC transport (the fused two_step kernel, and
+the separate kernels of QCOMM_IPC_KERNELS=separate), and both protocols emulated on the CPU.
 
 Ranks are processes that share one GPU (NCCL refuses two ranks on one GPU; CUDA IPC does not):
 world sizes 2 and 4 on cuda:0. Every result must equal qcomm/reference.py bit for bit (so every
@@ -9,8 +9,9 @@ land in place. Processes that share a GPU run by time-slicing, so nothing here i
 On CPU (every run, CI included): the IPC layout arithmetic (csrc/ipc_layout.cpp), and the fused
 kernel's protocol (csrc/ipc_protocol.h: task loop, addressing, tiles, pieces, flags, epochs, sum
 order) executed by one host thread per rank over host buffers with the CPU codec
-(csrc/ipc_host.cpp), bit for bit against the reference. The GPU tests skip without a GPU and the
-CUDA build.
+(csrc/ipc_host.cpp), bit for bit against the reference; and the separate kernels' byte exchange
+(csrc/ipc_exchange.h) under the collective path's two_step with the CPU codec, the same way. The
+GPU tests skip without a GPU and the CUDA build.
 """
 
 import itertools
@@ -180,6 +181,77 @@ def test_ipc_protocol_emulated_reports_a_missing_rank_instead_of_hanging():
     assert all(b[64:68].view(torch.int32).item() == 1 for b in bufs)
 
 
+# ---- the separate kernels (QCOMM_IPC_KERNELS=separate), emulated on the host (CPU) ----
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_ipc_exchange_geometry_fits_the_buffer(world):
+    for mib_bytes in [kib << 10 for kib in (257, 300, 1024, 32 << 10)]:
+        g = qcomm._C.ipc_exchange_geometry(world, mib_bytes)
+        assert g["error"] == "", g
+        assert g["round_bytes"] % 16 == 0 and g["round_bytes"] >= 16
+        assert world * g["round_bytes"] <= g["half_bytes"]
+        assert g["data_offset"] + 2 * g["half_bytes"] <= mib_bytes
+        # the rounds use the buffer: less than one more part per rank would fit
+        assert world * (g["round_bytes"] + 16) > g["half_bytes"]
+    g = qcomm._C.ipc_exchange_geometry(world, 256 << 10)  # only the flags fit
+    assert g["round_bytes"] == 0 and "QCOMM_IPC_BUFFER_MB" in g["error"], g
+    assert "at most 8 ranks" in qcomm._C.ipc_exchange_geometry(9, 32 << 20)["error"]
+
+
+def _emulate_separate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0):
+    cfg = _two_step(rs, ag, symmetric, stochastic)
+    outs = [x.clone() for x in xs]
+    qcomm._C.ipc_separate_emulate(outs, bufs, cfg.as_tuple(), average, seq)
+    return outs
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_ipc_separate_kernels_emulated_match_the_reference(world):
+    # the collective path's two_step (the CPU codec standing in for the CUDA kernels, which are
+    # bit-identical to it) with its bytes moved through host buffers by ipc_exchange.h's schedule,
+    # one thread per rank. A 300 KiB buffer: the larger messages take several rounds per exchange.
+    bufs = [torch.zeros(300 << 10, dtype=torch.uint8) for _ in range(world)]
+    problems = []
+    cases = list(itertools.product(BITS, DTYPES, [1, 7, 1000, 65539]))
+    for i, ((rs, ag), dtype, numel) in enumerate(cases):
+        xs = _inputs(world, numel, dtype, i)
+        avg = i % 3 == 0
+        sym, sr = i % 5 == 1, i % 7 == 2
+        outs = _emulate_separate(xs, bufs, rs, ag, avg, sym, sr, seq=i)
+        want = ref.allreduce(
+            xs, "two_step", rs, ag, average=avg, symmetric=sym, stochastic_seq=i if sr else None
+        ).out
+        for r, o in enumerate(outs):
+            if not _same_bits(o, want):
+                problems.append(
+                    f"rs={rs} ag={ag} {dtype} n={numel} avg={avg} sym={sym} sr={sr} rank {r}: "
+                    f"{int((o != want).sum())} elements differ"
+                )
+    assert not problems, "\n".join(problems[:20])
+    # every rank entered the same barriers: one per call, then one per round of each exchange
+    # (more than 3 per call on average: some exchanges took several rounds)
+    counts = [b[160:164].view(torch.int32).item() for b in bufs]
+    assert len(set(counts)) == 1 and counts[0] > 3 * len(cases), counts
+
+
+def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging():
+    world = 3
+    bufs = [torch.zeros(1 << 20, dtype=torch.uint8) for _ in range(world)]
+    xs = _inputs(world, 20000, torch.float32, 1)
+    cfg = qcomm.QuantConfig(algorithm="two_step", min_bytes=0)
+    with pytest.raises(
+        RuntimeError,
+        match=r"rank \d timed out in the separate kernels' barrier 0 of its call "
+        r"waiting for rank 2",
+    ):
+        qcomm._C.ipc_separate_emulate(
+            [x.clone() for x in xs], bufs, cfg.as_tuple(), timeout_ms=300, ranks=[0, 1]
+        )
+    # the abort word is set in every rank's buffer: the peers stop at once, not after a time-out
+    assert all(b[64:68].view(torch.int32).item() == 1 for b in bufs)
+
+
 def _transport_worker(rank, world):
     x = torch.ones(1 << 20)
     qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
@@ -196,7 +268,7 @@ def test_cuda_transport_is_unchosen_until_a_cuda_allreduce():
 
 
 def test_ipc_protocol_has_no_data_race():
-    # ThreadSanitizer over the emulation: 4 ranks x 3 blocks as threads, several pieces and calls.
+    # ThreadSanitizer over the emulations: 4 ranks x 3 blocks as threads, several pieces and calls.
     # Weakening a flag's release store to relaxed makes it report a race on the slot bytes.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run = subprocess.run(
@@ -213,6 +285,9 @@ def test_ipc_protocol_has_no_data_race():
     out = run.stdout + run.stderr
     assert run.returncode == 0 and "ThreadSanitizer" not in out, out[-4000:]
     assert out.count("identical") == 4, out[-2000:]
+    # the separate kernels' exchange: the same harness, several rounds per slot; using one half
+    # for every round, or a barrier that does not wait, makes TSan report a race on the halves
+    assert out.count("every byte delivered") == 5, out[-2000:]
 
 
 # ---- the GPU ----
@@ -300,6 +375,31 @@ def _matrix_worker(rank, world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ipc_two_step_matches_the_reference(world):
     _assert_no_problems(_matrix_worker, world, timeout=400, env=ENV)
+
+
+@gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_ipc_separate_kernels_match_the_reference(world):
+    # QCOMM_IPC_KERNELS=separate: the NCCL transport's codec kernels, the bytes copied through the
+    # IPC buffers between barrier kernels (csrc/ipc_exchange.h); the same matrix, the same bits
+    env = {**ENV, "QCOMM_IPC_KERNELS": "separate"}
+    _assert_no_problems(_matrix_worker, world, timeout=400, env=env)
+
+
+def _rounds_worker(rank, world):
+    # a 1 MiB buffer: each exchange of a 4M-element message takes many rounds through the halves
+    torch.cuda.set_device(0)
+    problems = []
+    for seed, (dtype, numel) in enumerate([(torch.float32, 2**22 + 77), (torch.bfloat16, 300001)]):
+        problems += _case(rank, world, 8, 8, dtype, numel, 500 + seed)
+        problems += _case(rank, world, 4, 8, dtype, numel, 600 + seed, average=True)
+    return problems
+
+
+@gpu
+def test_ipc_separate_kernels_exchange_in_rounds():
+    env = {**ENV, "QCOMM_IPC_KERNELS": "separate", "QCOMM_IPC_BUFFER_MB": "1"}
+    _assert_no_problems(_rounds_worker, 2, timeout=300, env=env)
 
 
 def _pieces_worker(rank, world):
@@ -434,6 +534,7 @@ def test_ipc_setup_agrees_on_settings_or_fails_on_every_rank():
     for name, values in [
         ("QCOMM_IPC_BUFFER_MB", ("1", "2")),
         ("QCOMM_IPC_TILE_ELEMS", ("4096", "8192")),
+        ("QCOMM_IPC_KERNELS", ("fused", "separate")),
     ]:
         got = run_ranks(_setup_worker, 2, [{name: v} for v in values], timeout=180, env=ENV)
         for g in got:
@@ -455,6 +556,7 @@ def test_ipc_setup_agrees_on_settings_or_fails_on_every_rank():
         ("QCOMM_IPC_BUFFER_MB", "lots"),
         ("QCOMM_IPC_TILE_ELEMS", "3000"),
         ("QCOMM_IPC_TASK_WARPS", "3"),
+        ("QCOMM_IPC_KERNELS", "both"),
     ]:
         got = run_ranks(_setup_worker, 2, [{}, {name: value}], timeout=180, env=ENV)
         assert "ValueError" in got[1]["raised"] and name in got[1]["raised"], got
@@ -490,5 +592,7 @@ def _graph_worker(rank, world, replays):
 
 
 @gpu
-def test_ipc_two_step_in_a_cuda_graph_replays_with_changing_inputs():
-    _assert_no_problems(_graph_worker, 2, 100, timeout=400, env=ENV)
+@pytest.mark.parametrize("kernels", ["fused", "separate"])
+def test_ipc_two_step_in_a_cuda_graph_replays_with_changing_inputs(kernels):
+    env = {**ENV, "QCOMM_IPC_KERNELS": kernels}
+    _assert_no_problems(_graph_worker, 2, 100, timeout=400, env=env)

@@ -546,7 +546,51 @@ cudaError_t launchPieces(const IpcTwoStepArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The separate kernels' barrier (ipc_protocol.h, barrier), one thread. Its release follows copies
+// of earlier kernels of the stream (copy engine or not), which the cumulativity argument of
+// DeviceExec::release does not cover: hence the system-scope fence before it (a.releaseFence).
+__global__ void exchangeBarrier(IpcTwoStepArgs a, uint32_t index) {
+  DeviceExec<float> ex{a, nullptr, nullptr, 0, 1, 0};
+  ipc::barrier(ex, a.buffers, a.rank, a.world, index);
+}
+
+// The copies of one step of the separate kernels' exchange: every thread of the grid takes its
+// share of each copy in turn, 16 bytes at a time where the copy allows it.
+__global__ void exchangeCopies(IpcCopies copies) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int i = 0; i < copies.count; ++i) {
+    const IpcCopy c = copies.copy[i];
+    const bool vec = aligned(c.dst, 16) && aligned(c.src, 16);
+    const int64_t vectors = vec ? c.bytes / 16 : 0;
+    const int4* from = reinterpret_cast<const int4*>(c.src);
+    int4* to = reinterpret_cast<int4*>(c.dst);
+    for (int64_t v = first; v < vectors; v += stride) to[v] = from[v];
+    for (int64_t b = vectors * 16 + first; b < c.bytes; b += stride) c.dst[b] = c.src[b];
+  }
+}
+
 }  // namespace
+
+cudaError_t ipcBarrier(const IpcTwoStepArgs& a, uint32_t index, cudaStream_t stream) {
+  IpcTwoStepArgs b = a;
+  b.releaseFence = 1;
+  b.profile = nullptr;
+  QCOMM_LAUNCH(exchangeBarrier, 1, 1, stream)(b, index);
+  return cudaGetLastError();
+}
+
+cudaError_t ipcCopy(const IpcCopies& copies, int maxBlocks, cudaStream_t stream) {
+  int64_t most = 0;
+  for (int i = 0; i < copies.count; ++i)
+    most = copies.copy[i].bytes > most ? copies.copy[i].bytes : most;
+  if (most == 0) return cudaSuccess;
+  constexpr int kCopyThreads = 256;
+  const int64_t need = (most / 16 + kCopyThreads * 4 - 1) / (kCopyThreads * 4);
+  const int blocks = int(need < maxBlocks ? (need > 0 ? need : 1) : maxBlocks);
+  QCOMM_LAUNCH(exchangeCopies, blocks, kCopyThreads, stream)(copies);
+  return cudaGetLastError();
+}
 
 cudaError_t ipcPreload() {
 #if defined(QCOMM_SIMT)
@@ -562,6 +606,8 @@ cudaError_t ipcPreload() {
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, twoStepPiece<fp16_t>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, twoStepPiece<bf16_t>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, advanceEpoch);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, exchangeBarrier);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, exchangeCopies);
   return e;
 #endif
 }

@@ -15,6 +15,22 @@ namespace gpu {
 
 cudaError_t ipcTwoStep(const IpcTwoStepArgs& a, cudaStream_t stream);
 
+// The separate kernels (QCOMM_IPC_KERNELS=separate, csrc/ipc_exchange.h): one barrier of rank
+// a.rank among a.world ranks over a.buffers (ipc_protocol.h, barrier; its waits bounded by
+// a.timeoutNs, an error recorded through a.hostError as the fused kernel's are), `index` naming
+// it in an error; and up to kIpcMaxRanks copies in one launch of at most maxBlocks blocks.
+struct IpcCopy {
+  uint8_t* dst;
+  const uint8_t* src;
+  int64_t bytes;
+};
+struct IpcCopies {
+  IpcCopy copy[kIpcMaxRanks];
+  int count;
+};
+cudaError_t ipcBarrier(const IpcTwoStepArgs& a, uint32_t index, cudaStream_t stream);
+cudaError_t ipcCopy(const IpcCopies& copies, int maxBlocks, cudaStream_t stream);
+
 // Loads this file's kernels on the current device (see the definition); called once at set-up,
 // before any rank can launch.
 cudaError_t ipcPreload();

@@ -3,8 +3,9 @@
 // against the host emulation of the same protocol (csrc/ipc_host.cpp, which the CPU tests check
 // against the reference): every rank's result bit for bit, identical across ranks, the device
 // epoch words, several pieces per call and several calls carrying the epochs. Then a rank that
-// never comes: the others must give up within the spin bound and record why. Exits non-zero on
-// any difference, a missing error record, or an emulator error.
+// never comes: the others must give up within the spin bound and record why. Then the separate
+// kernels' copy and barrier kernels under the exchange's schedule (runExchange). Exits non-zero
+// on any difference, a missing error record, or an emulator error.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "codec_cpu.h"
 #include "cuda/ipc_two_step.h"
+#include "ipc_exchange.h"
 #include "ipc_host.h"
 #include "ipc_layout.h"
 #include "plan.h"
@@ -260,6 +262,128 @@ bool runMissingRank() {
   return true;
 }
 
+// The separate kernels' executor with the real kernels (exchangeCopies, exchangeBarrier) run by
+// the emulator, as csrc/cuda_ipc.cpp enqueues them.
+struct KernelCopies {
+  IpcTwoStepArgs a;
+  gpu::IpcCopies pending{};
+  bool failed = false;
+  void copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+    if (pending.count == kIpcMaxRanks) flush();
+    pending.copy[pending.count++] = gpu::IpcCopy{dst, src, bytes};
+  }
+  void flush() {
+    if (pending.count > 0 && gpu::ipcCopy(pending, 3, nullptr) != cudaSuccess) failed = true;
+    pending.count = 0;
+  }
+  bool barrier(uint32_t index) {
+    flush();
+    if (gpu::ipcBarrier(a, index, nullptr) != cudaSuccess) failed = true;
+    return true;
+  }
+};
+
+// The separate kernels' exchange (csrc/ipc_exchange.h) with the kernels above: W ranks as threads
+// move random bytes through small buffers (several rounds per slot, slots that are not whole
+// 16-byte vectors, so both of the copy kernel's paths run), over several calls; every rank's
+// `out` must hold exactly what its peers sent and the barrier counts must agree. Then a rank that
+// never comes: the others' barrier kernels must give up within the bound and record it (step 3).
+bool runExchange() {
+  const int W = 3;
+  const IpcExchangeGeometry g = ipcExchangeGeometry(W, kIpcDataOffset + 2 * W * 2048, nullptr);
+  Buffers bufs(size_t(W), std::vector<uint8_t>(size_t(kIpcDataOffset + 2 * g.halfBytes), 0));
+  std::vector<uint8_t*> p = pointers(bufs);
+  std::vector<IpcError> err(static_cast<size_t>(W));
+  auto args = [&](int r, int64_t timeoutNs) {
+    IpcTwoStepArgs a{};
+    a.world = W;
+    a.rank = r;
+    for (int q = 0; q < W; ++q) a.buffers[q] = p[size_t(q)];
+    a.timeoutNs = timeoutNs;
+    a.hostError = &err[size_t(r)];
+    return a;
+  };
+  const int64_t slots[] = {5000, 10008, 16, 4096};
+  for (int call = 0; call < 4; ++call) {
+    const int64_t slot = slots[call];
+    std::vector<std::vector<uint8_t>> in(W), out(W), gin(W), gout(W);
+    std::mt19937 gen{uint32_t(call)};
+    for (int r = 0; r < W; ++r) {
+      in[r].resize(size_t(W * slot));
+      gin[r].resize(size_t(slot));
+      for (auto& v : in[r]) v = uint8_t(gen());
+      for (auto& v : gin[r]) v = uint8_t(gen());
+      out[r].assign(size_t(W * slot), 0);
+      gout[r].assign(size_t(W * slot), 0);
+    }
+    std::vector<char> failed(size_t(W), 0);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < W; ++r) {
+      ranks.emplace_back([&, r]() {
+        KernelCopies c{args(r, int64_t(120) * 1000000000)};
+        ipc::Exchange<KernelCopies> x(c, g, c.a.buffers, r, W);
+        x.begin();
+        x.run(out[r].data(), in[r].data(), slot, false);
+        x.run(gout[r].data(), gin[r].data(), slot, true);
+        failed[size_t(r)] = c.failed;
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < W; ++r) {
+      if (failed[size_t(r)] || err[size_t(r)].code != 0) {
+        std::fprintf(stderr, "exchange call %d rank %d: a launch failed or gave up (%s)\n", call, r,
+                     describeIpcError(err[size_t(r)]).c_str());
+        return false;
+      }
+      for (int q = 0; q < W; ++q) {
+        if (std::memcmp(out[r].data() + q * slot, in[q].data() + r * slot, size_t(slot)) != 0 ||
+            std::memcmp(gout[r].data() + q * slot, gin[q].data(), size_t(slot)) != 0) {
+          std::fprintf(stderr, "exchange call %d: rank %d's bytes from rank %d differ\n", call, r,
+                       q);
+          return false;
+        }
+      }
+    }
+    uint32_t count0 = 0;
+    for (int r = 0; r < W; ++r) {
+      uint32_t c;
+      std::memcpy(&c, bufs[size_t(r)].data() + kIpcBarrierCountOffset, 4);
+      if (r == 0) count0 = c;
+      if (c != count0) {
+        std::fprintf(stderr, "exchange call %d: barrier counts %u and %u\n", call, count0, c);
+        return false;
+      }
+    }
+    std::printf(
+        "exchange kernels: call %d, %lld bytes per slot, %d ranks, %u barriers so far: "
+        "every byte delivered\n",
+        call, (long long)slot, W, count0);
+  }
+  // rank W-1 never comes
+  const int64_t timeoutNs = 300 * 1000000LL;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r + 1 < W; ++r) {
+    ranks.emplace_back([&, r]() {
+      KernelCopies c{args(r, timeoutNs)};
+      ipc::Exchange<KernelCopies> x(c, g, c.a.buffers, r, W);
+      x.begin();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  bool timedOutOnMissing = false;
+  for (int r = 0; r + 1 < W; ++r) {
+    const IpcError& e = err[size_t(r)];
+    if (e.code == 0 || e.step != 3u || e.rank != uint32_t(r)) {
+      std::fprintf(stderr, "exchange, missing rank: rank %d recorded code %u step %u\n", r, e.code,
+                   e.step);
+      return false;
+    }
+    timedOutOnMissing = timedOutOnMissing || (e.code == 1 && e.peer == uint32_t(W - 1));
+    std::printf("exchange kernels, missing rank: rank %d: %s\n", r, describeIpcError(e).c_str());
+  }
+  return timedOutOnMissing;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -298,5 +422,7 @@ int main(int argc, char** argv) {
   }
   if (!runMissingRank()) return 1;
   std::printf("fused two_step kernel: all cases identical to the host emulation\n");
+  if (!runExchange()) return 1;
+  std::printf("separate kernels' exchange: every byte delivered\n");
   return 0;
 }

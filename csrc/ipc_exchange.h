@@ -1,0 +1,76 @@
+// The separate-kernels two_step over CUDA IPC (QCOMM_IPC_KERNELS=separate): the collective path's
+// two_step (collective_algos.h: the codec kernels of the NCCL transport, one chunk per rank) with
+// its all-to-all and all-gather of encoded bytes done as copies through the CUDA-IPC buffers
+// instead of NCCL. This file is the schedule of those copies, written once for two executors: the
+// CUDA one (csrc/cuda_ipc.cpp: a copy kernel per step, W copies each, and a one-thread barrier
+// kernel, all enqueued on the call's stream) and a host one (csrc/ipc_host.cpp: memcpy and the same
+// barrier on host memory, one thread per rank) that the CPU tests run against the reference.
+//
+// A call starts with a barrier: every rank has finished the previous call's copies out of its
+// buffer, so its peers may write into it. Then each exchange moves every rank's slots in rounds
+// of at most roundBytes per slot (ipcExchangeGeometry), round r through half r % 2 of the data
+// regions, counted over the whole call:
+//   1. copy: this rank's part of its slot for rank j (own included) into rank j's current half,
+//      at [this rank * roundBytes] (peers in rotated order rank, rank + 1, ...);
+//   2. barrier: every rank has written its parts into this rank's half;
+//   3. copy out: this rank's half, W parts, into `out` at [source rank * slotBytes + offset].
+// A half is written again two rounds later, after the barrier of the round between, which each
+// rank enters only after its copy out of that half (stream order): nothing is overwritten before
+// its reader has it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ipc_layout.h"
+
+namespace qcomm {
+namespace ipc {
+
+// Each executor `ex` provides copy(dst, src, bytes) (it may hold copies back until the next
+// flush() or barrier), flush(), and barrier(index) (after the copies before it; false: it gave up,
+// the error is recorded).
+template <class Exec>
+class Exchange {
+ public:
+  Exchange(Exec& ex, const IpcExchangeGeometry& g, uint8_t* const* buffers, int rank, int world)
+      : ex_(ex), g_(g), buffers_(buffers), rank_(rank), world_(world) {}
+
+  // The call's first barrier.
+  bool begin() { return ex_.barrier(barriers_++); }
+
+  // Rank j receives slot j of every rank's `in` (world slots of slotBytes) into slot i of `out`
+  // for rank i (gather = false); or every rank's `in` (one slot) into slot i (gather = true).
+  bool run(uint8_t* out, const uint8_t* in, int64_t slotBytes, bool gather) {
+    for (int64_t off = 0; off < slotBytes; off += g_.roundBytes, ++round_) {
+      const int64_t len = std::min(g_.roundBytes, slotBytes - off);
+      const int64_t half = kIpcDataOffset + (round_ & 1) * g_.halfBytes;
+      for (int k = 0; k < world_; ++k) {
+        const int j = (rank_ + k) % world_;
+        ex_.copy(buffers_[j] + half + rank_ * g_.roundBytes,
+                 in + (gather ? 0 : int64_t(j) * slotBytes) + off, len);
+      }
+      if (!ex_.barrier(barriers_++)) return false;
+      for (int q = 0; q < world_; ++q) {
+        ex_.copy(out + int64_t(q) * slotBytes + off, buffers_[rank_] + half + q * g_.roundBytes,
+                 len);
+      }
+      ex_.flush();
+    }
+    return true;
+  }
+
+  // Bytes this rank writes into peers' buffers in one run of slotBytes.
+  int64_t peerBytes(int64_t slotBytes) const { return int64_t(world_ - 1) * slotBytes; }
+
+ private:
+  Exec& ex_;
+  IpcExchangeGeometry g_;
+  uint8_t* const* buffers_;
+  int rank_, world_;
+  int64_t round_ = 0;      // rounds of this call so far (the half: round_ % 2)
+  uint32_t barriers_ = 0;  // barriers of this call so far (names them in errors)
+};
+
+}  // namespace ipc
+}  // namespace qcomm
