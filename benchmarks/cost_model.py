@@ -182,10 +182,14 @@ class KernelCosts:
         return self.codec_scale * self._call_us(self.table[key], 4 * elems)
 
     def fused_key(self, rs_bits: int, ag_bits: int, symmetric: bool):
+        """The CSV's row key of a whole two_step measured on one GPU: the fused CUDA-IPC kernel
+        ('fused_two_step') or, when the CSV has no such row, the separate kernels over CUDA IPC
+        ('separate_two_step'); None when it has neither."""
         scale = "sym" if symmetric else "asym"
-        for bits in (f"{rs_bits}/{ag_bits}",) + ((str(rs_bits),) if rs_bits == ag_bits else ()):
-            if ("fused_two_step", bits, scale) in self.table:
-                return ("fused_two_step", bits, scale)
+        for kernel in ("fused_two_step", "separate_two_step"):
+            for bits in (f"{rs_bits}/{ag_bits}",) + ((str(rs_bits),) if rs_bits == ag_bits else ()):
+                if (kernel, bits, scale) in self.table:
+                    return (kernel, bits, scale)
         return None
 
     def fused_two_step_us(self, rs_bits: int, ag_bits: int, symmetric: bool, elems: int):
@@ -392,7 +396,9 @@ def render(rows: List[List[str]], markdown: bool) -> str:
 
 
 def header(args, costs: KernelCosts, links: Sequence[Link], bits) -> List[str]:
-    fused = [f"{rb}/{ab}" for rb, ab in bits if costs.fused_key(rb, ab, args.symmetric)]
+    keys = [(rb, ab, costs.fused_key(rb, ab, args.symmetric)) for rb, ab in bits]
+    fused = [f"{rb}/{ab}" for rb, ab, key in keys if key]
+    kinds = sorted({key[0] for _, _, key in keys if key})
     lines = [
         "PREDICTED from one-GPU kernel timings, not measured on "
         f"{args.world} GPUs (benchmarks/COST_MODEL.md).",
@@ -409,8 +415,11 @@ def header(args, costs: KernelCosts, links: Sequence[Link], bits) -> List[str]:
     ]
     if fused:
         lines.append(
-            "two_step codec term for bits " + ", ".join(fused) + " from the CSV's measured "
-            "'fused_two_step' rows (fused CUDA-IPC kernel on one GPU)"
+            "two_step codec term for bits "
+            + ", ".join(fused)
+            + " from the CSV's measured "
+            + " and ".join(f"'{k}'" for k in kinds)
+            + " rows (the whole two_step over CUDA IPC on one GPU)"
         )
     return lines
 

@@ -1,4 +1,5 @@
-"""Cost of the fused CUDA-IPC two_step on one GPU: W ranks as threads of one process, each with
+"""Cost of the CUDA-IPC two_step on one GPU, the fused kernel (default) or the separate kernels
+(--kernels separate, QCOMM_IPC_KERNELS=separate): W ranks as threads of one process, each with
 its own stream, so their kernels run side by side on the one GPU (processes sharing a GPU would
 time-slice instead, and their timings would mean nothing).
 
@@ -6,9 +7,10 @@ All W ranks share one GPU's memory bandwidth and SMs, so the time measured here 
 allreduce W messages on one chip: on a node with one GPU per rank, each GPU does 1/W of this work.
 We report it as a cost per byte of one rank's message (time / (W x bytes)) beside the device-to-
 device copy of the same bytes (time for W copies of the message); the cost model
-(benchmarks/cost_model.py) reads the `fused_two_step` rows of the CSV.
+(benchmarks/cost_model.py) reads the `fused_two_step` (or `separate_two_step`) rows of the CSV.
 
     python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64,256 --csv out.csv
+    python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64,256 --kernels separate
     python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 --profile
 
 --profile (QCOMM_IPC_PROFILE=1) also prints where rank 0's kernel spent its time in the timed
@@ -46,6 +48,21 @@ def print_profile(after: list, before: list, what: str) -> None:
     print(f"# profile {what}, rank 0: {per:.0f} cycles per task group and piece; {shares}")
 
 
+def load_codec_kernels(dtype: torch.dtype, rs: int, ag: int) -> None:
+    """Launch, from this thread alone, the codec kernels the separate kernels' calls launch for
+    fp32 messages (SUM): under lazy loading a kernel's first launch waits for the context's
+    running kernels, here a peer thread's barrier kernel waiting for this rank. (Other dtypes
+    also cast, through kernels no hook launches: --kernels separate takes float32 only.)"""
+    n = 1 << 16
+    x = torch.randn(n, device="cuda").to(dtype)
+    acc = torch.zeros(n, device="cuda")
+    for bits, src in ((rs, x), (ag, acc)):
+        b = qcomm._C.cuda_codec_encode(src, bits, 128, False)
+        for accumulate in (False, True):
+            qcomm._C.cuda_codec_decode(b, n, bits, 128, False, out=acc, accumulate=accumulate)
+    torch.cuda.synchronize()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--world", type=int, default=2)
@@ -56,7 +73,11 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--csv", default=None)
     ap.add_argument("--profile", action="store_true", help="per-phase time of the kernel's blocks")
+    ap.add_argument("--kernels", default="fused", choices=["fused", "separate"])
     args = ap.parse_args()
+    if args.kernels == "separate" and args.dtype != "float32":
+        ap.error("--kernels separate takes --dtype float32 (see load_codec_kernels)")
+    os.environ["QCOMM_IPC_KERNELS"] = args.kernels  # read at the groups' set-up
     if not (torch.cuda.is_available() and qcomm.compiled_with_cuda()):
         print("needs a CUDA device and the CUDA build of qcomm", file=sys.stderr)
         return 2
@@ -113,6 +134,7 @@ def main() -> int:
     rows = []
     print(
         f"# {torch.cuda.get_device_name()}, {world} ranks as threads on one GPU, {args.dtype}, "
+        f"{args.kernels} kernels (QCOMM_IPC_KERNELS), "
         f"{sms // world} blocks per rank, tiles of "
         f"{os.environ.get('QCOMM_IPC_TILE_ELEMS', '4096')} elements (QCOMM_IPC_TILE_ELEMS), "
         f"task groups of {os.environ.get('QCOMM_IPC_TASK_WARPS', '8')} warps "
@@ -148,6 +170,8 @@ def main() -> int:
         for bits in args.bits.split(","):
             rs, ag = (int(b) for b in bits.split("/"))
             cfg = qcomm.QuantConfig(rs_bits=rs, ag_bits=ag, min_bytes=0).as_tuple()
+            if args.kernels == "separate":
+                load_codec_kernels(dtype, rs, ag)
             times = [0.0] * world
             before: list[int] = []
 
@@ -177,7 +201,7 @@ def main() -> int:
             rows.append(
                 [
                     mib,
-                    "fused_two_step",
+                    f"{args.kernels}_two_step",
                     bits,
                     "asym",
                     f"{t / world:.1f}",

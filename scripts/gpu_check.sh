@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check: one call on a GPU machine (the device tool), under 8 minutes. Builds the CUDA
 # extension, runs the GPU tests (CUDA codec kernels bit for bit against the CPU codec; the fused
-# CUDA-IPC two_step with 2 and 4 ranks sharing the one GPU, bit for bit against the reference,
-# streams and Work, a CUDA graph replayed 100 times, calls on different streams, the set-up's
-# agreement on settings; the NCCL transport at world size 1), benchmarks the codec kernels
+# CUDA-IPC two_step, and the separate kernels over CUDA IPC (QCOMM_IPC_KERNELS=separate), with 2
+# and 4 ranks sharing the one GPU, bit for bit against the reference, streams and Work, a CUDA
+# graph replayed 100 times, calls on different streams, the set-up's agreement on settings; the
+# NCCL transport at world size 1), benchmarks the codec kernels
 # against device-to-device copy (also in the launch variants: QCOMM_CUDA_PREFETCH=1,
-# QCOMM_CUDA_ENCODE_BLOCKS=4, both, QCOMM_CUDA_ENCODE_STAGED=1; side by side) and the fused
-# two_step's cost per byte (and, profiled, where its time goes in eight launch shapes: tile
-# sizes, task-group sizes, the old release fence, the input prefetch), reads the codec kernels'
+# QCOMM_CUDA_ENCODE_BLOCKS=4, both, QCOMM_CUDA_ENCODE_STAGED=1; side by side), the fused
+# two_step's cost per byte and the separate kernels' side by side (and, profiled, where the fused
+# kernel's time goes in five launch shapes: tile sizes, task-group sizes, the old release fence,
+# the input prefetch), reads the codec kernels'
 # hardware counters with Nsight Compute where ncu may, runs the cost model on what it measured,
 # and writes logs and CSV under $OUT (default out/gpu_check). Uses the machine's python with torch
 # preinstalled (no network there); prints a short table last.
@@ -19,9 +21,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-$ROOT/out/gpu_check}"
 mkdir -p "$OUT"
-KEEP='summary.txt|codec_kernels.csv|codec_variants.csv|fused_two_step.csv|fused_shapes.csv|ncu_codec.txt|details.tar.gz'
+KEEP='summary.txt|codec_kernels.csv|codec_variants.csv|fused_two_step.csv|separate_two_step.csv|fused_shapes.csv|ncu_codec.txt|details.tar.gz'
 # shellcheck disable=SC2317  # pack runs from the EXIT trap
-pack() {  # on every exit, a failed build's too: at most 7 files in $OUT
+pack() {  # on every exit, a failed build's too: at most 8 files in $OUT
   local rc=$? f extra=()
   for f in "$OUT"/* "$OUT"/.[!.]*; do
     [ -e "$f" ] || continue
@@ -178,12 +180,41 @@ run_step 120 "$OUT/tests.log" "${PYTEST[@]}" -m cuda tests/test_collective_algos
 
 EXTRA="setup_agrees or different_streams"  # the set-up's agreement, call ordering: run later
 step "tests: the fused CUDA-IPC two_step, 2 and 4 ranks sharing the GPU"
-run_step 240 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "not ($EXTRA)" tests/test_cuda_allreduce.py
+run_step 240 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "not ($EXTRA) and not separate" \
+  tests/test_cuda_allreduce.py
+
+step "tests: the separate kernels over CUDA IPC (QCOMM_IPC_KERNELS=separate), 2 and 4 ranks"
+run_step 150 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "separate and not ($EXTRA)" \
+  tests/test_cuda_allreduce.py
 
 step "fused CUDA-IPC two_step, 2 ranks as threads on the one GPU"
 run_step 90 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
   --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
+
+step "separate kernels over CUDA IPC, 2 ranks as threads on the one GPU"
+run_step 90 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+  "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels separate \
+  --sizes-mib 16,64,256 --csv "$OUT/separate_two_step.csv"
+step "the fused kernel and the separate kernels side by side (2 ranks, this call)"
+run_step 15 "$OUT/fused.txt" "$PY" - "$OUT" <<'EOF'
+import csv, os, sys
+rows = {}
+for kind in ("fused", "separate"):
+    path = os.path.join(sys.argv[1], f"{kind}_two_step.csv")
+    if os.path.exists(path):
+        for r in csv.DictReader(open(path)):
+            rows.setdefault((int(r["MiB"]), r["bits"]), {})[kind] = float(r["time_us"])
+both = {k: v for k, v in rows.items() if len(v) == 2}
+if not both:
+    sys.exit("no pair of results")
+print("| MiB/rank | bits | fused us | separate us | fused / separate |")
+print("|---|---|---|---|---|")
+for (mib, bits), v in sorted(both.items()):
+    print(f"| {mib} | {bits} | {v['fused']:.1f} | {v['separate']:.1f} | "
+          f"{v['fused'] / v['separate']:.2f} |")
+print("(one rank's share of the chip's time, as the cost model reads it; > 1: separate is faster)")
+EOF
 
 # where the fused kernel's time goes (QCOMM_IPC_PROFILE=1), and the launch shapes that may cut it:
 # tiles 4x larger (QCOMM_IPC_TILE_ELEMS: a quarter of the flags, fences and barriers per byte)
@@ -201,13 +232,12 @@ shape() {  # shape TILE TASK_WARPS RELEASE_FENCE PREFETCH
     QCOMM_IPC_RELEASE_FENCE=$3 "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 \
     --bits 8/8 --profile --csv "$OUT/fused_shape_tile${1}_tw${2}_rf${3}_pf${4}.csv"
 }
-# (eight runs of about 15 s: the call's deadline leaves no room for more)
-for TW in 8 1; do
-  for TILE in 4096 16384; do shape $TILE $TW 0 0; done
-done
-shape 4096 4 0 0
+# (five runs of about 15 s: the call's deadline leaves no room for more)
+shape 4096 8 0 0
+shape 16384 8 0 0
+shape 4096 1 0 0
 shape 4096 8 1 0
-for TW in 8 1; do shape 4096 $TW 0 1; done
+shape 4096 8 0 1
 step "fused CUDA-IPC two_step: the launch shapes side by side (64 MiB, 8/8, 2 ranks)"
 run_step 15 "$OUT/fused.txt" "$PY" - "$OUT" <<'EOF'
 import csv, glob, os, re, sys
@@ -246,6 +276,13 @@ if [ "$QUICK" != 1 ] && [ -s "$OUT/codec_kernels.csv" ]; then
   [ -s "$OUT/fused_two_step.csv" ] && tail -n +2 "$OUT/fused_two_step.csv" >>"$ALL"
   run_step 30 "$OUT/cost_model.txt" "$PY" benchmarks/cost_model.py --kernel-csv "$ALL" \
     --sizes-mib 16,64,256 --algorithms two_step --bits 8/8,4/4
+  if [ -s "$OUT/separate_two_step.csv" ]; then
+    SEP=/tmp/qcomm_kernels_separate.csv
+    cat "$OUT/codec_kernels.csv" >"$SEP"
+    tail -n +2 "$OUT/separate_two_step.csv" >>"$SEP"
+    run_step 30 "$OUT/cost_model.txt" "$PY" benchmarks/cost_model.py --kernel-csv "$SEP" \
+      --sizes-mib 16,64,256 --algorithms two_step --bits 8/8,4/4
+  fi
 fi
 
 step "result: $([ $status -eq 0 ] && echo PASS || echo FAIL)"

@@ -231,3 +231,12 @@ def test_cli_uses_fused_two_step_rows(tmp_path):
     assert "fused_two_step" in out
     out = run_cli("--sizes-mib", "64", "--links", "nvlink=370")
     assert "fused_two_step" not in out
+    # the separate kernels over CUDA IPC, measured whole, serve the same way when no fused row is
+    # there; a fused row of the same bits comes first
+    sep = [[mib, "separate_two_step", 8, "asym", 500.0 * mib / 64, 0, 0] for mib in (64, 1024)]
+    kc = cm.KernelCosts.from_csv(synthetic(tmp_path, sep))
+    assert cm.predict("two_step", n, 8, link, kc, 8, 8).serial_us == pytest.approx(500.0)
+    out = run_cli("--kernel-csv", synthetic(tmp_path, sep), "--sizes-mib", "64")
+    assert "'separate_two_step' rows" in out and "'fused_two_step'" not in out
+    kc = cm.KernelCosts.from_csv(synthetic(tmp_path, sep + fused))
+    assert cm.predict("two_step", n, 8, link, kc, 8, 8).serial_us == pytest.approx(1000.0)
