@@ -42,7 +42,7 @@ fi
 obj() {  # obj OUT SRC [flags...]: compile unless OUT is newer than every source it may include
   local out="$1" src="$2"
   shift 2
-  if [[ ! -f "$out" ]] || [[ -n "$(find csrc tests/native/simt -newer "$out" -print -quit)" ]]; then
+  if [[ ! -f "$out" ]] || [[ -n "$(find csrc tests/native -newer "$out" -print -quit)" ]]; then
     "$CXX" "${FLAGS[@]}" "$@" -c "$src" -o "$out"
   fi
 }

@@ -110,22 +110,38 @@ def _emulate(
     return outs
 
 
-@pytest.mark.parametrize("world", [2, 3, 5, 8])
-def test_ipc_protocol_emulated_matches_the_reference(world):
-    bufs = _buffers(world)
+EMULATED_CASES = list(itertools.product(BITS, DTYPES, [1, 7, 1000, 65539]))
+
+
+def _emulated_matrix(world, emulate):
+    """Every bit pair, dtype and size of EMULATED_CASES (AVG, symmetric scales and stochastic
+    rounding in some) through emulate(xs, rs, ag, avg, sym, sr, i), bit for bit against the
+    reference on every rank; the problems found."""
     problems = []
-    cases = list(itertools.product(BITS, DTYPES, [1, 7, 1000, 65539]))
-    for i, ((rs, ag), dtype, numel) in enumerate(cases):
+    for i, ((rs, ag), dtype, numel) in enumerate(EMULATED_CASES):
         xs = _inputs(world, numel, dtype, i)
-        avg = i % 3 == 0
-        outs = _emulate(xs, bufs, rs, ag, average=avg, blocks=1 + i % 2)
-        want = ref.allreduce(xs, "two_step", rs, ag, average=avg).out
+        avg, sym, sr = i % 3 == 0, i % 5 == 1, i % 7 == 2
+        outs = emulate(xs, rs, ag, avg, sym, sr, i)
+        want = ref.allreduce(
+            xs, "two_step", rs, ag, average=avg, symmetric=sym, stochastic_seq=i if sr else None
+        ).out
         for r, o in enumerate(outs):
             if not _same_bits(o, want):
                 problems.append(
-                    f"rs={rs} ag={ag} {dtype} n={numel} avg={avg} rank {r}: "
+                    f"rs={rs} ag={ag} {dtype} n={numel} avg={avg} sym={sym} sr={sr} rank {r}: "
                     f"{int((o != want).sum())} elements differ"
                 )
+    return problems
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_ipc_protocol_emulated_matches_the_reference(world):
+    bufs = _buffers(world)
+
+    def fused(xs, rs, ag, avg, sym, sr, i):
+        return _emulate(xs, bufs, rs, ag, avg, sym, sr, seq=i, blocks=1 + i % 2)
+
+    problems = _emulated_matrix(world, fused)
     assert not problems, "\n".join(problems[:20])
 
 
@@ -212,27 +228,16 @@ def test_ipc_separate_kernels_emulated_match_the_reference(world):
     # bit-identical to it) with its bytes moved through host buffers by ipc_exchange.h's schedule,
     # one thread per rank. A 300 KiB buffer: the larger messages take several rounds per exchange.
     bufs = [torch.zeros(300 << 10, dtype=torch.uint8) for _ in range(world)]
-    problems = []
-    cases = list(itertools.product(BITS, DTYPES, [1, 7, 1000, 65539]))
-    for i, ((rs, ag), dtype, numel) in enumerate(cases):
-        xs = _inputs(world, numel, dtype, i)
-        avg = i % 3 == 0
-        sym, sr = i % 5 == 1, i % 7 == 2
-        outs = _emulate_separate(xs, bufs, rs, ag, avg, sym, sr, seq=i)
-        want = ref.allreduce(
-            xs, "two_step", rs, ag, average=avg, symmetric=sym, stochastic_seq=i if sr else None
-        ).out
-        for r, o in enumerate(outs):
-            if not _same_bits(o, want):
-                problems.append(
-                    f"rs={rs} ag={ag} {dtype} n={numel} avg={avg} sym={sym} sr={sr} rank {r}: "
-                    f"{int((o != want).sum())} elements differ"
-                )
+
+    def separate(xs, rs, ag, avg, sym, sr, i):
+        return _emulate_separate(xs, bufs, rs, ag, avg, sym, sr, seq=i)
+
+    problems = _emulated_matrix(world, separate)
     assert not problems, "\n".join(problems[:20])
     # every rank entered the same barriers: one per call, then one per round of each exchange
     # (more than 3 per call on average: some exchanges took several rounds)
     counts = [b[160:164].view(torch.int32).item() for b in bufs]
-    assert len(set(counts)) == 1 and counts[0] > 3 * len(cases), counts
+    assert len(set(counts)) == 1 and counts[0] > 3 * len(EMULATED_CASES), counts
 
 
 def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging():
@@ -373,47 +378,28 @@ def _matrix_worker(rank, world):
 
 @gpu
 @pytest.mark.parametrize("world", [2, 4])
-def test_ipc_two_step_matches_the_reference(world):
-    _assert_no_problems(_matrix_worker, world, timeout=400, env=ENV)
-
-
-@gpu
-@pytest.mark.parametrize("world", [2, 4])
-def test_ipc_separate_kernels_match_the_reference(world):
-    # QCOMM_IPC_KERNELS=separate: the NCCL transport's codec kernels, the bytes copied through the
-    # IPC buffers between barrier kernels (csrc/ipc_exchange.h); the same matrix, the same bits
-    env = {**ENV, "QCOMM_IPC_KERNELS": "separate"}
+# QCOMM_IPC_KERNELS=separate: the NCCL transport's codec kernels, the bytes copied through the IPC
+# buffers between barrier kernels (csrc/ipc_exchange.h); the same matrix, the same bits
+@pytest.mark.parametrize("kernels", ["fused", "separate"])
+def test_ipc_two_step_matches_the_reference(world, kernels):
+    env = {**ENV, "QCOMM_IPC_KERNELS": kernels}
     _assert_no_problems(_matrix_worker, world, timeout=400, env=env)
 
 
-def _rounds_worker(rank, world):
-    # a 1 MiB buffer: each exchange of a 4M-element message takes many rounds through the halves
-    torch.cuda.set_device(0)
-    problems = []
-    for seed, (dtype, numel) in enumerate([(torch.float32, 2**22 + 77), (torch.bfloat16, 300001)]):
-        problems += _case(rank, world, 8, 8, dtype, numel, 500 + seed)
-        problems += _case(rank, world, 4, 8, dtype, numel, 600 + seed, average=True)
-    return problems
-
-
-@gpu
-def test_ipc_separate_kernels_exchange_in_rounds():
-    env = {**ENV, "QCOMM_IPC_KERNELS": "separate", "QCOMM_IPC_BUFFER_MB": "1"}
-    _assert_no_problems(_rounds_worker, 2, timeout=300, env=env)
-
-
 def _pieces_worker(rank, world):
-    # a 1 MiB buffer: a 4M-element message runs as many pieces, and epochs advance per piece
+    # a 1 MiB buffer: a 4M-element message runs as many pieces of the fused kernel, and epochs
+    # advance per piece (or, with the separate kernels, each exchange takes many rounds)
     torch.cuda.set_device(0)
     problems = []
     for seed, (dtype, numel) in enumerate([(torch.float32, 2**22 + 77), (torch.bfloat16, 300001)]):
         problems += _case(rank, world, 8, 8, dtype, numel, 300 + seed)
         problems += _case(rank, world, 4, 8, dtype, numel, 400 + seed, average=True)
-    # profiled (QCOMM_IPC_PROFILE=1): the results above are unchanged, and every phase counted
-    torch.cuda.synchronize()
-    prof = qcomm.cuda_ipc_profile()
-    if prof.get("runs", 0) <= 0 or any(v <= 0 for v in prof.values()):
-        problems.append(f"profile: {prof}")
+    if os.environ.get("QCOMM_IPC_PROFILE") == "1":
+        # profiled: the results above are unchanged, and every phase of the fused kernel counted
+        torch.cuda.synchronize()
+        prof = qcomm.cuda_ipc_profile()
+        if prof.get("runs", 0) <= 0 or any(v <= 0 for v in prof.values()):
+            problems.append(f"profile: {prof}")
     return problems
 
 
@@ -431,6 +417,12 @@ def test_ipc_message_larger_than_the_buffer_runs_in_pieces(tile, task_warps):
         "QCOMM_IPC_TILE_ELEMS": tile,
         "QCOMM_IPC_TASK_WARPS": task_warps,
     }
+    _assert_no_problems(_pieces_worker, 2, timeout=300, env=env)
+
+
+@gpu
+def test_ipc_separate_kernels_exchange_in_rounds():
+    env = {**ENV, "QCOMM_IPC_KERNELS": "separate", "QCOMM_IPC_BUFFER_MB": "1"}
     _assert_no_problems(_pieces_worker, 2, timeout=300, env=env)
 
 

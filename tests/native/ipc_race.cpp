@@ -13,82 +13,12 @@
 #include <thread>
 #include <vector>
 
-#include "ipc_exchange.h"
+#include "exchange_check.h"
 #include "ipc_host.h"
 #include "ipc_layout.h"
 #include "plan.h"
 
 using namespace qcomm;
-
-namespace {
-
-// The separate kernels' exchange (csrc/ipc_exchange.h) with the host executor: W ranks as threads
-// move random bytes through buffers so small that every slot takes several rounds, over several
-// calls; every rank's `out` must hold exactly what its peers sent it. Returns non-zero on a
-// mismatch or a time-out (TSan reports races on the buffers' halves).
-int exchangeCalls() {
-  const int world = 4, calls = 5;
-  const IpcExchangeGeometry g =
-      ipcExchangeGeometry(world, kIpcDataOffset + 2 * int64_t(world) * 4096, nullptr);
-  if (g.roundBytes != 4096) {
-    std::fprintf(stderr, "exchange geometry: round %lld bytes\n", (long long)g.roundBytes);
-    return 5;
-  }
-  std::vector<std::vector<uint8_t>> buffers(
-      world, std::vector<uint8_t>(size_t(kIpcDataOffset + 2 * g.halfBytes)));
-  std::vector<uint8_t*> ptrs;
-  for (auto& b : buffers) ptrs.push_back(b.data());
-  IpcError error{};
-  for (int call = 0; call < calls; ++call) {
-    const int64_t slot = call == 3 ? 16 : 10000 + 16 * call;  // 3 rounds (one slot: 1)
-    std::vector<std::vector<uint8_t>> in(world), out(world), gin(world), gout(world);
-    for (int r = 0; r < world; ++r) {
-      std::mt19937 gen(uint32_t(100 * call + r));
-      in[r].resize(size_t(world * slot));
-      gin[r].resize(size_t(slot));
-      for (auto& v : in[r]) v = uint8_t(gen());
-      for (auto& v : gin[r]) v = uint8_t(gen());
-      out[r].assign(size_t(world * slot), 0);
-      gout[r].assign(size_t(world * slot), 0);
-    }
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < world; ++r) {
-      ranks.emplace_back([&, r]() {
-        IpcTwoStepArgs a{};
-        a.world = world;
-        a.rank = r;
-        for (int q = 0; q < world; ++q) a.buffers[q] = ptrs[size_t(q)];
-        a.timeoutNs = int64_t(60) * 1000000000;
-        a.hostError = &error;
-        HostCopies copies{a};
-        ipc::Exchange<HostCopies> x(copies, g, copies.a.buffers, r, world);
-        if (x.begin())
-          x.run(out[r].data(), in[r].data(), slot, false) &&
-              x.run(gout[r].data(), gin[r].data(), slot, true);
-      });
-    }
-    for (auto& t : ranks) t.join();
-    if (error.code != 0) {
-      std::fprintf(stderr, "exchange call %d: %s\n", call, describeIpcError(error).c_str());
-      return 3;
-    }
-    for (int r = 0; r < world; ++r) {
-      for (int q = 0; q < world; ++q) {
-        if (std::memcmp(out[r].data() + q * slot, in[q].data() + r * slot, size_t(slot)) != 0 ||
-            std::memcmp(gout[r].data() + q * slot, gin[q].data(), size_t(slot)) != 0) {
-          std::fprintf(stderr, "exchange call %d: rank %d's bytes from rank %d differ\n", call, r,
-                       q);
-          return 6;
-        }
-      }
-    }
-    std::printf("exchange call %d: %lld bytes per slot, %d ranks: every byte delivered\n", call,
-                (long long)slot, world);
-  }
-  return 0;
-}
-
-}  // namespace
 
 int main() {
   at::set_num_threads(1);  // torch's own threads are not instrumented: keep the codec inline
@@ -147,5 +77,7 @@ int main() {
     std::printf("call %d: %lld elements, %lld pieces, %d ranks x %d blocks: identical\n", call,
                 (long long)numel, (long long)g.pieces, world, blocks);
   }
-  return exchangeCalls();
+  // the separate kernels' exchange: slots of 3 rounds (one of 1), 16-byte parts too
+  return exchangeCalls<HostCopies>("exchange", world, 4096, {10000, 10016, 10032, 16, 10064}) ? 0
+                                                                                              : 6;
 }

@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include "../exchange_check.h"
 #include "codec_cpu.h"
 #include "cuda/ipc_two_step.h"
-#include "ipc_exchange.h"
 #include "ipc_host.h"
 #include "ipc_layout.h"
 #include "plan.h"
@@ -283,88 +283,33 @@ struct KernelCopies {
   }
 };
 
-// The separate kernels' exchange (csrc/ipc_exchange.h) with the kernels above: W ranks as threads
-// move random bytes through small buffers (several rounds per slot, slots that are not whole
-// 16-byte vectors, so both of the copy kernel's paths run), over several calls; every rank's
-// `out` must hold exactly what its peers sent and the barrier counts must agree. Then a rank that
-// never comes: the others' barrier kernels must give up within the bound and record it (step 3).
+bool launchFailed(const KernelCopies& c) { return c.failed; }
+
+// The separate kernels' exchange with the kernels above (tests/native/exchange_check.h: several
+// rounds per slot, slots that are not whole 16-byte vectors, so both of the copy kernel's paths
+// run). Then a rank that never comes: the others' barrier kernels must give up within the bound
+// and record it (step 3).
 bool runExchange() {
   const int W = 3;
+  if (!exchangeCalls<KernelCopies>("exchange kernels", W, 2048, {5000, 10008, 16, 4096})) {
+    return false;
+  }
   const IpcExchangeGeometry g = ipcExchangeGeometry(W, kIpcDataOffset + 2 * W * 2048, nullptr);
   Buffers bufs(size_t(W), std::vector<uint8_t>(size_t(kIpcDataOffset + 2 * g.halfBytes), 0));
   std::vector<uint8_t*> p = pointers(bufs);
   std::vector<IpcError> err(static_cast<size_t>(W));
-  auto args = [&](int r, int64_t timeoutNs) {
-    IpcTwoStepArgs a{};
-    a.world = W;
-    a.rank = r;
-    for (int q = 0; q < W; ++q) a.buffers[q] = p[size_t(q)];
-    a.timeoutNs = timeoutNs;
-    a.hostError = &err[size_t(r)];
-    return a;
-  };
-  const int64_t slots[] = {5000, 10008, 16, 4096};
-  for (int call = 0; call < 4; ++call) {
-    const int64_t slot = slots[call];
-    std::vector<std::vector<uint8_t>> in(W), out(W), gin(W), gout(W);
-    std::mt19937 gen{uint32_t(call)};
-    for (int r = 0; r < W; ++r) {
-      in[r].resize(size_t(W * slot));
-      gin[r].resize(size_t(slot));
-      for (auto& v : in[r]) v = uint8_t(gen());
-      for (auto& v : gin[r]) v = uint8_t(gen());
-      out[r].assign(size_t(W * slot), 0);
-      gout[r].assign(size_t(W * slot), 0);
-    }
-    std::vector<char> failed(size_t(W), 0);
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < W; ++r) {
-      ranks.emplace_back([&, r]() {
-        KernelCopies c{args(r, int64_t(120) * 1000000000)};
-        ipc::Exchange<KernelCopies> x(c, g, c.a.buffers, r, W);
-        x.begin();
-        x.run(out[r].data(), in[r].data(), slot, false);
-        x.run(gout[r].data(), gin[r].data(), slot, true);
-        failed[size_t(r)] = c.failed;
-      });
-    }
-    for (auto& t : ranks) t.join();
-    for (int r = 0; r < W; ++r) {
-      if (failed[size_t(r)] || err[size_t(r)].code != 0) {
-        std::fprintf(stderr, "exchange call %d rank %d: a launch failed or gave up (%s)\n", call, r,
-                     describeIpcError(err[size_t(r)]).c_str());
-        return false;
-      }
-      for (int q = 0; q < W; ++q) {
-        if (std::memcmp(out[r].data() + q * slot, in[q].data() + r * slot, size_t(slot)) != 0 ||
-            std::memcmp(gout[r].data() + q * slot, gin[q].data(), size_t(slot)) != 0) {
-          std::fprintf(stderr, "exchange call %d: rank %d's bytes from rank %d differ\n", call, r,
-                       q);
-          return false;
-        }
-      }
-    }
-    uint32_t count0 = 0;
-    for (int r = 0; r < W; ++r) {
-      uint32_t c;
-      std::memcpy(&c, bufs[size_t(r)].data() + kIpcBarrierCountOffset, 4);
-      if (r == 0) count0 = c;
-      if (c != count0) {
-        std::fprintf(stderr, "exchange call %d: barrier counts %u and %u\n", call, count0, c);
-        return false;
-      }
-    }
-    std::printf(
-        "exchange kernels: call %d, %lld bytes per slot, %d ranks, %u barriers so far: "
-        "every byte delivered\n",
-        call, (long long)slot, W, count0);
-  }
   // rank W-1 never comes
   const int64_t timeoutNs = 300 * 1000000LL;
   std::vector<std::thread> ranks;
   for (int r = 0; r + 1 < W; ++r) {
     ranks.emplace_back([&, r]() {
-      KernelCopies c{args(r, timeoutNs)};
+      IpcTwoStepArgs a{};
+      a.world = W;
+      a.rank = r;
+      for (int q = 0; q < W; ++q) a.buffers[q] = p[size_t(q)];
+      a.timeoutNs = timeoutNs;
+      a.hostError = &err[size_t(r)];
+      KernelCopies c{a};
       ipc::Exchange<KernelCopies> x(c, g, c.a.buffers, r, W);
       x.begin();
     });

@@ -1,0 +1,100 @@
+// The separate kernels' exchange (csrc/ipc_exchange.h) checked with any executor: W ranks as
+// threads move random bytes through buffers so small that slots take several rounds, over several
+// calls; every rank's `out` must hold exactly what its peers sent it, the barrier counts must
+// agree, and nothing may give up. Shared by the ThreadSanitizer harness (tests/native/ipc_race.cpp,
+// the host executor) and the SIMT emulator's driver (tests/native/simt/ipc_main.cpp, the kernels).
+#pragma once
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "ipc_exchange.h"
+#include "ipc_host.h"
+
+namespace qcomm {
+
+// The host executor never fails to launch (the kernels' executor has its own overload).
+inline bool launchFailed(const HostCopies&) { return false; }
+
+// Runs one call per entry of `slots` (bytes per slot) with an executor `Copies{args}` per rank
+// over buffers whose halves hold `part` bytes per rank. Prints one line per call naming `what`;
+// false (and a line on stderr) on the first problem.
+template <class Copies>
+bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<int64_t>& slots) {
+  const IpcExchangeGeometry g =
+      ipcExchangeGeometry(world, kIpcDataOffset + 2 * int64_t(world) * part, nullptr);
+  if (g.roundBytes != part) {
+    std::fprintf(stderr, "%s: round of %lld bytes, not %lld\n", what, (long long)g.roundBytes,
+                 (long long)part);
+    return false;
+  }
+  std::vector<std::vector<uint8_t>> buffers(
+      size_t(world), std::vector<uint8_t>(size_t(kIpcDataOffset + 2 * g.halfBytes), 0));
+  std::vector<IpcError> err(static_cast<size_t>(world));
+  for (size_t call = 0; call < slots.size(); ++call) {
+    const int64_t slot = slots[call];
+    std::vector<std::vector<uint8_t>> in(static_cast<size_t>(world)), out = in, gin = in, gout = in;
+    std::mt19937 gen{uint32_t(call)};
+    for (int r = 0; r < world; ++r) {
+      in[size_t(r)].resize(size_t(world * slot));
+      gin[size_t(r)].resize(size_t(slot));
+      for (auto& v : in[size_t(r)]) v = uint8_t(gen());
+      for (auto& v : gin[size_t(r)]) v = uint8_t(gen());
+      out[size_t(r)].assign(size_t(world * slot), 0);
+      gout[size_t(r)].assign(size_t(world * slot), 0);
+    }
+    std::vector<char> ok(size_t(world), 0);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.emplace_back([&, r]() {
+        IpcTwoStepArgs a{};
+        a.world = world;
+        a.rank = r;
+        for (int q = 0; q < world; ++q) a.buffers[q] = buffers[size_t(q)].data();
+        a.timeoutNs = int64_t(120) * 1000000000;
+        a.hostError = &err[size_t(r)];
+        Copies c{a};
+        ipc::Exchange<Copies> x(c, g, c.a.buffers, r, world);
+        ok[size_t(r)] =
+            x.begin() && x.run(out[size_t(r)].data(), in[size_t(r)].data(), slot, false) &&
+            x.run(gout[size_t(r)].data(), gin[size_t(r)].data(), slot, true) && !launchFailed(c);
+      });
+    }
+    for (auto& t : ranks) t.join();
+    uint32_t count0 = 0;
+    for (int r = 0; r < world; ++r) {
+      if (!ok[size_t(r)] || err[size_t(r)].code != 0) {
+        std::fprintf(stderr, "%s call %zu rank %d: a launch failed or a barrier gave up (%s)\n",
+                     what, call, r, describeIpcError(err[size_t(r)]).c_str());
+        return false;
+      }
+      for (int q = 0; q < world; ++q) {
+        if (std::memcmp(out[size_t(r)].data() + q * slot, in[size_t(q)].data() + r * slot,
+                        size_t(slot)) != 0 ||
+            std::memcmp(gout[size_t(r)].data() + q * slot, gin[size_t(q)].data(), size_t(slot)) !=
+                0) {
+          std::fprintf(stderr, "%s call %zu: rank %d's bytes from rank %d differ\n", what, call, r,
+                       q);
+          return false;
+        }
+      }
+      uint32_t count;
+      std::memcpy(&count, buffers[size_t(r)].data() + kIpcBarrierCountOffset, 4);
+      if (r == 0) count0 = count;
+      if (count != count0) {
+        std::fprintf(stderr, "%s call %zu: barrier counts %u and %u\n", what, call, count0, count);
+        return false;
+      }
+    }
+    std::printf(
+        "%s: call %zu, %lld bytes per slot, %d ranks, %u barriers so far: every byte "
+        "delivered\n",
+        what, call, (long long)slot, world, count0);
+  }
+  return true;
+}
+
+}  // namespace qcomm
