@@ -142,6 +142,7 @@ std::chrono::milliseconds QncclBackend::callTimeout(const c10d::AllreduceOptions
 struct CudaPath {};
 void CudaPathDeleter::operator()(CudaPath* p) const { delete p; }
 std::string QncclBackend::cudaTransport() const { return ""; }
+std::string QncclBackend::cudaIpcKernels() const { return ""; }
 std::vector<std::pair<std::string, int64_t>> QncclBackend::cudaIpcProfile() const { return {}; }
 std::string QncclBackend::cudaTransportNote() const {
   return "qcomm was built without CUDA: CUDA allreduces pass through to NCCL";

@@ -58,6 +58,9 @@ class QncclBackend : public c10d::Backend {
   // why CUDA IPC was not chosen (empty when it was).
   std::string cudaTransport() const;
   std::string cudaTransportNote() const;
+  // With the IPC transport, how it runs two_step (QCOMM_IPC_KERNELS): "fused" or "separate";
+  // "" otherwise.
+  std::string cudaIpcKernels() const;
   // QCOMM_IPC_PROFILE=1 at the group's CUDA-IPC set-up: (phase, cycles summed over the fused
   // kernel's blocks) since then, and ("runs", block-pieces run); empty otherwise.
   std::vector<std::pair<std::string, int64_t>> cudaIpcProfile() const;

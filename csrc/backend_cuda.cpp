@@ -135,6 +135,12 @@ std::string QncclBackend::cudaTransportNote() const {
   return cuda_ ? cuda_->note : "";
 }
 
+std::string QncclBackend::cudaIpcKernels() const {
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  if (!cuda_ || !cuda_->ipc) return "";
+  return cuda_->ipc->separate() ? "separate" : "fused";
+}
+
 std::vector<std::pair<std::string, int64_t>> QncclBackend::cudaIpcProfile() const {
   std::lock_guard<std::mutex> lock(cudaMutex_);
   std::vector<std::pair<std::string, int64_t>> out;

@@ -340,6 +340,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("config"), py::arg("store") = py::none())
       .def("cuda_transport", &QncclBackend::cudaTransport)
       .def("cuda_transport_note", &QncclBackend::cudaTransportNote)
+      .def("cuda_ipc_kernels", &QncclBackend::cudaIpcKernels)
       .def("cuda_ipc_profile", &QncclBackend::cudaIpcProfile)
       .def(
           "set_config",

@@ -478,6 +478,8 @@ int64_t IpcTransport::runSeparate(const Plan& plan, at::Tensor& data, cudaStream
   const IpcExchangeGeometry g = ipcExchangeGeometry(world_, bufferBytes_, &why);
   TORCH_CHECK_VALUE(why.empty(), rankPrefix(rank_, world_), "allreduce: ", why);
   const IpcTwoStepArgs a = args(plan, IpcGeometry{}, data.data_ptr(), timeout);
+  // an error left pending by earlier, unrelated work must not pass for a failure of these launches
+  (void)cudaGetLastError();
   int64_t sent = 0;
   std::string cause;
   try {

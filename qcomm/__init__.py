@@ -107,10 +107,15 @@ def stats(group=None) -> dict:
 
 def cuda_transport(group=None) -> dict:
     """The transport of the group's quantized CUDA allreduces: {"transport": "ipc" | "nccl" | "",
-    "note": why IPC was not chosen}. "" until the group's first quantized CUDA allreduce (with
-    QCOMM_CUDA_QUANTIZE=1) has chosen, on every rank alike."""
+    "note": why IPC was not chosen, "kernels": how IPC runs two_step, "fused" | "separate"
+    (QCOMM_IPC_KERNELS), "" without IPC}. "" until the group's first quantized CUDA allreduce
+    (with QCOMM_CUDA_QUANTIZE=1) has chosen, on every rank alike."""
     be = backend_of(group)
-    return {"transport": be.cuda_transport(), "note": be.cuda_transport_note()}
+    return {
+        "transport": be.cuda_transport(),
+        "note": be.cuda_transport_note(),
+        "kernels": be.cuda_ipc_kernels(),
+    }
 
 
 def cuda_ipc_profile(group=None) -> dict:

@@ -267,6 +267,7 @@ def _transport_worker(rank, world):
 def test_cuda_transport_is_unchosen_until_a_cuda_allreduce():
     got = run_ranks(_transport_worker, 2, timeout=120)
     assert [g["transport"] for g in got] == ["", ""], got
+    assert [g["kernels"] for g in got] == ["", ""], got
     assert [g["profile"] for g in got] == [{}, {}], got
     if not qcomm.compiled_with_cuda():
         assert all("without CUDA" in g["note"] for g in got), got
@@ -365,7 +366,9 @@ def _matrix_worker(rank, world):
         i += 1
         problems += _case(rank, world, rs, ag, dtype, numel, i)
     chosen = qcomm.cuda_transport()
-    if chosen["transport"] != "ipc":
+    if chosen["transport"] != "ipc" or chosen["kernels"] != os.environ.get(
+        "QCOMM_IPC_KERNELS", "fused"
+    ):
         problems.append(f"transport is {chosen}")
     # AVG, symmetric, stochastic rounding, async on the side stream, a large message
     problems += _case(rank, world, 8, 8, torch.float32, 4099, 101, average=True)
