@@ -493,7 +493,13 @@ int64_t IpcTransport::runSeparate(const Plan& plan, at::Tensor& data, cudaStream
     cause = e.what();
   }
   if (eager) cudaEventRecord(lastEnd_, stream);
-  if (!cause.empty()) failed("the CUDA-IPC two_step (separate kernels) failed: " + cause, eager);
+  if (!cause.empty()) {
+    // the collective path's errors already say "[qcomm rank r/W] allreduce: ": said once, below
+    for (const std::string& lead : {rankPrefix(rank_, world_), std::string("allreduce: ")}) {
+      if (cause.rfind(lead, 0) == 0) cause = cause.substr(lead.size());
+    }
+    failed("the CUDA-IPC two_step (separate kernels) failed: " + cause, eager);
+  }
   cudaGetLastError();
   return sent;
 }
