@@ -10,10 +10,12 @@
 // buffer, so its peers may write into it. Then each exchange moves every rank's slots in rounds
 // of at most roundBytes per slot (ipcExchangeGeometry), round r through half r % 2 of the data
 // regions, counted over the whole call:
-//   1. copy: this rank's part of its slot for rank j (own included) into rank j's current half,
-//      at [this rank * roundBytes] (peers in rotated order rank, rank + 1, ...);
+//   1. copy: this rank's part of its slot for rank j into rank j's current half, at
+//      [this rank * roundBytes] (peers in rotated order rank + 1, rank + 2, ...); its own part
+//      straight into `out`;
 //   2. barrier: every rank has written its parts into this rank's half;
-//   3. copy out: this rank's half, W parts, into `out` at [source rank * slotBytes + offset].
+//   3. copy out: the W - 1 peers' parts in this rank's half into `out` at
+//      [source rank * slotBytes + offset].
 // A half is written again two rounds later, after the barrier of the round between, which each
 // rank enters only after its copy out of that half (stream order): nothing is overwritten before
 // its reader has it.
@@ -47,11 +49,14 @@ class Exchange {
       const int64_t half = kIpcDataOffset + (round_ & 1) * g_.halfBytes;
       for (int k = 0; k < world_; ++k) {
         const int j = (rank_ + k) % world_;
-        ex_.copy(buffers_[j] + half + rank_ * g_.roundBytes,
-                 in + (gather ? 0 : int64_t(j) * slotBytes) + off, len);
+        const uint8_t* part = in + (gather ? 0 : int64_t(j) * slotBytes) + off;
+        uint8_t* to = j == rank_ ? out + int64_t(rank_) * slotBytes + off
+                                 : buffers_[j] + half + rank_ * g_.roundBytes;
+        ex_.copy(to, part, len);
       }
       if (!ex_.barrier(barriers_++)) return false;
       for (int q = 0; q < world_; ++q) {
+        if (q == rank_) continue;
         ex_.copy(out + int64_t(q) * slotBytes + off, buffers_[rank_] + half + q * g_.roundBytes,
                  len);
       }
