@@ -24,6 +24,12 @@ struct CodecOps {
   // out = x^ of the block at src (out += x^ with accumulate).
   virtual void decode(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out,
                       bool accumulate) = 0;
+  // out = decode(srcs[0]) + decode(srcs[1]) + ... (count blocks of n elements, one codec),
+  // summed in fp32 in that order: the values of a decode and count - 1 decodes with accumulate.
+  virtual void decodeSum(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& spec,
+                         float* out) {
+    for (int k = 0; k < count; ++k) decode(srcs[k], n, spec, out, k > 0);
+  }
   // One ring hop: partial = decode(src with `in`) + float(local), then dst = encode(partial with
   // `out`). partial (fp32, n) keeps the sum.
   virtual void decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,

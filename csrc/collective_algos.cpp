@@ -113,7 +113,9 @@ class Collective {
     for (int c = 0; c < world; ++c) encodeInput(c, ptr(in, c * unit));
     ex_.allToAll(out, in, "two_step reduce phase (all-to-all)");
     step_ = "two_step reduce phase (sum)";
-    for (int j = 0; j < world; ++j) ops_.decode(ptr(out, j * unit), own_.len, p_.rs, sum(), j > 0);
+    std::vector<const uint8_t*> copies;
+    for (int j = 0; j < world; ++j) copies.push_back(ptr(out, j * unit));
+    ops_.decodeSum(copies.data(), world, own_.len, p_.rs, sum());
   }
 
   // W-1 hops to the next rank; at step s rank r sends chunk r-s-1 and receives chunk r-s-2, which

@@ -261,6 +261,70 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
   }
 }
 
+// out = d_0 + d_1 + ... + d_{count-1} (out = out + d_0 + ... with accumulate), d_k the decoded
+// values of the k-th of `count` encoded blocks of the same n elements and codec, summed in that
+// order in fp32: the values of decodeKernel's first call and accumulating calls after it, with
+// the sum kept in registers instead of written and read back once per block. Item i is elements
+// 4i..4i+3, one per thread and loop step, every block's loads issued before the first use.
+template <int kBits, bool kSym>
+__global__ void __launch_bounds__(kBlock)
+    decodeSumKernel(SumSources s, int64_t n, CodecSpec c, float* out, bool accumulate) {
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = int64_t(gridDim.x) * blockDim.x;
+  const int64_t groups = numGroups(n, c);
+  const int64_t data = dataOffset(n, c);
+  const int shift = __ffs(c.groupSize) - 1;
+  // every index into s is a constant (unrolled loops): a dynamic one would copy s to local memory
+  bool vec = slabGroupSize(c.groupSize, 4) && aligned(out, 16);
+#pragma unroll
+  for (int k = 0; k < kMaxSumSources; ++k) {
+    if (k < s.count) vec = vec && aligned(s.block[k] + data, kBits / 2);
+  }
+  const int64_t items = vec ? n / 4 : 0;
+  for (int64_t i = tid; i < items; i += threads) {
+    uint32_t q[kMaxSumSources][4];
+    GroupParams p[kMaxSumSources];
+    const int64_t g = (4 * i) >> shift;
+#pragma unroll
+    for (int k = 0; k < kMaxSumSources; ++k) {
+      if (k < s.count) {
+        loadCodes4<kBits>(s.block[k] + data, 4 * i, q[k]);
+        p[k] = loadParamsAt<kSym>(reinterpret_cast<const float*>(s.block[k]), groups, g);
+      }
+    }
+    float4* o = reinterpret_cast<float4*>(out) + i;
+    float acc[4];
+    dequantize4<kBits, kSym>(q[0], p[0], acc);
+    if (accumulate) {
+      const float4 a = *o;
+      acc[0] = a.x + acc[0];
+      acc[1] = a.y + acc[1];
+      acc[2] = a.z + acc[2];
+      acc[3] = a.w + acc[3];
+    }
+#pragma unroll
+    for (int k = 1; k < kMaxSumSources; ++k) {
+      if (k < s.count) {
+        float d[4];
+        dequantize4<kBits, kSym>(q[k], p[k], d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[j] = acc[j] + d[j];
+      }
+    }
+    *o = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  }
+  // the scalar path: elements past the last whole item, or all of them when unaligned
+  for (int64_t e = 4 * items + tid; e < n; e += threads) {
+    float acc = decodeAt<kBits, kSym>(s.block[0], n, c, e);
+    if (accumulate) acc = out[e] + acc;
+#pragma unroll
+    for (int k = 1; k < kMaxSumSources; ++k) {
+      if (k < s.count) acc = acc + decodeAt<kBits, kSym>(s.block[k], n, c, e);
+    }
+    out[e] = acc;
+  }
+}
+
 // partial = decode(src) + local, then encode partial (both codecs share the group size). The
 // vector path is encodeKernel's with the slab's values computed instead of loaded: one float4 of
 // partial per lane and vector (kVec = 4), written as it is computed.
@@ -538,6 +602,32 @@ cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out
                                           out, accumulate, prefetchOn());
   });
   return cudaGetLastError();
+}
+
+cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
+                      float* out, cudaStream_t stream) {
+  if (n == 0 || count == 0) return cudaSuccess;
+  if (c.bits == 0) {  // raw elements: the decoder's casts, one block after the other
+    for (int k = 0; k < count; ++k) {
+      const cudaError_t e = decode(srcs[k], n, c, out, k > 0, stream);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
+  // kMaxSumSources blocks per launch; the launches after the first add to its sum, in order
+  for (int first = 0; first < count; first += kMaxSumSources) {
+    SumSources s{};
+    s.count = count - first < kMaxSumSources ? count - first : kMaxSumSources;
+    for (int k = 0; k < s.count; ++k) s.block[k] = srcs[first + k];
+    withCodec(c, [&](auto k) {
+      using K = decltype(k);
+      launch<decodeSumKernel<K::bits, K::sym>>(elementBlocks(n, 4), stream, s, n, c, out,
+                                               first > 0);
+    });
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,

@@ -23,6 +23,17 @@ cudaError_t encode(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, 
 cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, bool accumulate,
                    cudaStream_t stream);
 
+// out = the fp32 sum, in order, of the decoded values of `count` encoded blocks of n elements
+// (srcs[0], srcs[1], ...; one codec): the values of decode(srcs[0]) then decode with accumulate
+// of each next block, bit for bit, without writing and reading back the partial sums.
+constexpr int kMaxSumSources = 8;  // blocks per launch (more take several launches)
+struct SumSources {
+  const uint8_t* block[kMaxSumSources];
+  int count;
+};
+cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
+                      float* out, cudaStream_t stream);
+
 // One ring hop, fused: partial = decode(src with `in`) + local (local of `localDtype`), then
 // encode partial with `out` into dst. partial (fp32, n) keeps the sum for the caller.
 cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,

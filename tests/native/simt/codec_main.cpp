@@ -132,6 +132,37 @@ void checkEncodeDecode(int32_t dtype, const CodecSpec& c, int64_t n, int offset,
   }
 }
 
+// The sum of `count` encoded blocks (gpu::decodeSum, 8 per launch) against the CPU's decode and
+// decodes with accumulate, in order. misaligned: the output one float off (the scalar path), and
+// the last block's data 4 bytes off (the scalar path for every block).
+void checkDecodeSum(const CodecSpec& c, int count, int64_t n, bool misaligned, std::mt19937& gen) {
+  ++cases;
+  char extra[64];
+  std::snprintf(extra, sizeof extra, " count=%d", count);
+  const std::string name =
+      describe("decode-sum", kFloat32, c, n, misaligned ? 1 : 0, false) + extra;
+  const size_t bytes = size_t(encodedBytes(n, c));
+  std::vector<std::vector<uint8_t>> blocks(size_t(count), std::vector<uint8_t>(bytes + 8, 0));
+  std::vector<const uint8_t*> srcs;
+  for (int k = 0; k < count; ++k) {
+    const std::vector<float> v = values(n, gen, k % 3 == 0 ? 1 : 0);
+    uint8_t* at = blocks[size_t(k)].data() + (misaligned && k == count - 1 ? 4 : 0);
+    encodeBlock(v.data(), kFloat32, n, c, at, Noise{0, 0, 0});
+    srcs.push_back(at);
+  }
+  std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n) + 1, 7.0f);
+  for (int k = 0; k < count; ++k) decodeBlock(srcs[size_t(k)], n, c, want.data(), k > 0);
+  float* out = got.data() + (misaligned ? 1 : 0);
+  simt::prefetchRanges.clear();
+  if (gpu::decodeSum(srcs.data(), count, n, c, out, nullptr) != cudaSuccess) {
+    std::fprintf(stderr, "FAIL %s: launch error\n", name.c_str());
+    ++failures;
+    return;
+  }
+  sameBytes(name, reinterpret_cast<const uint8_t*>(want.data()),
+            reinterpret_cast<const uint8_t*>(out), size_t(n) * 4);
+}
+
 void checkHop(int32_t dtype, const CodecSpec& in, const CodecSpec& outSpec, int64_t n, bool alias,
               bool withNoise, std::mt19937& gen) {
   ++cases;
@@ -323,6 +354,26 @@ int main(int argc, char** argv) {
       }
     }
   }
+
+  // the sum of W encoded copies (two_step's owners): 1 to 8 blocks in one launch, 11 in two (the
+  // second adding to the first's sum), every bit width and symmetry, several group sizes and
+  // sizes, special values in every third block, misaligned output and data, raw blocks
+  before = cases;
+  const int failuresBeforeSum = failures;
+  for (int bits : {4, 8}) {
+    for (int sym : {1, 0}) {
+      for (int count : {1, 2, 3, 8, 11}) {
+        checkDecodeSum(CodecSpec{bits, 128, sym, kFloat32}, count, 4096 + 100, false, gen);
+        if (quick) continue;
+        checkDecodeSum(CodecSpec{bits, 32, sym, kFloat32}, count, 41 * 1024 + 77, false, gen);
+        checkDecodeSum(CodecSpec{bits, 1024, sym, kFloat32}, count, 7, false, gen);
+        checkDecodeSum(CodecSpec{bits, 64, sym, kFloat32}, count, 3000 + 3, true, gen);
+      }
+    }
+  }
+  for (int32_t raw : dtypes) checkDecodeSum(CodecSpec{0, 128, 1, raw}, 3, 1500, false, gen);
+  std::printf("decode-sum: %lld cases, %d differences\n", (long long)(cases - before),
+              failures - failuresBeforeSum);
 
   // 2. the fused ring hop, each input codec into each output codec, fp32 partial aliasing the
   //    local input as the ring does in place
