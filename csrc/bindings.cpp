@@ -241,13 +241,14 @@ class HostIpcExchange final : public ByteExchange {
       : copies_{a}, x_(copies_, g, copies_.a.buffers, a.rank, a.world) {
     check(x_.begin(), "the call's first barrier");
   }
-  void allToAll(at::Tensor& out, at::Tensor& in, const char* what) override {
+  void allToAll(at::Tensor& out, at::Tensor& in, const char* what, const uint8_t** parts) override {
     check(x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel() / copies_.a.world,
-                 false),
+                 false, parts),
           what);
   }
-  void allGather(at::Tensor& out, at::Tensor& in, const char* what) override {
-    check(x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel(), true), what);
+  void allGather(at::Tensor& out, at::Tensor& in, const char* what,
+                 const uint8_t** parts) override {
+    check(x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel(), true, parts), what);
   }
 
  private:

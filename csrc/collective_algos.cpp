@@ -111,10 +111,9 @@ class Collective {
     at::Tensor out = bytes(unit * world);
     step_ = "two_step reduce phase (encode)";
     for (int c = 0; c < world; ++c) encodeInput(c, ptr(in, c * unit));
-    ex_.allToAll(out, in, "two_step reduce phase (all-to-all)");
+    std::vector<const uint8_t*> copies(static_cast<size_t>(world));
+    ex_.allToAll(out, in, "two_step reduce phase (all-to-all)", copies.data());
     step_ = "two_step reduce phase (sum)";
-    std::vector<const uint8_t*> copies;
-    for (int j = 0; j < world; ++j) copies.push_back(ptr(out, j * unit));
     ops_.decodeSum(copies.data(), world, own_.len, p_.rs, sum());
   }
 
@@ -206,14 +205,15 @@ class Collective {
     at::Tensor mine = bytes(unit);
     at::Tensor all = bytes(unit * world);
     ops_.encode(sum(), kFloat32, own_.len, p_.ag, ptr(mine), agNoise(p_, rank_, own_.begin));
-    ex_.allGather(all, mine, "gather phase (all-gather)");
+    std::vector<const uint8_t*> parts(static_cast<size_t>(world));
+    ex_.allGather(all, mine, "gather phase (all-gather)", parts.data());
     step_ = "gather phase (decode)";
     for (int j = 0; j < world; ++j) {
       const ChunkRange ch = p_.chunk(j);
       if (p_.dtype == kFloat32) {
-        ops_.decode(ptr(all, j * unit), ch.len, p_.ag, static_cast<float*>(input(ch.begin)), false);
+        ops_.decode(parts[j], ch.len, p_.ag, static_cast<float*>(input(ch.begin)), false);
       } else {  // through sum_, free again
-        ops_.decode(ptr(all, j * unit), ch.len, p_.ag, sum(), false);
+        ops_.decode(parts[j], ch.len, p_.ag, sum(), false);
         ops_.castFromFloat(sum(), ch.len, p_.dtype, input(ch.begin));
       }
     }

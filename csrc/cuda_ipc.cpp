@@ -380,14 +380,15 @@ class GpuIpcExchange final : public ByteExchange {
     x_.begin();
     check("the call's first barrier");
   }
-  void allToAll(at::Tensor& out, at::Tensor& in, const char* what) override {
+  void allToAll(at::Tensor& out, at::Tensor& in, const char* what, const uint8_t** parts) override {
     const int64_t slot = in.numel() / copies_.a.world;
-    x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), slot, false);
+    x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), slot, false, parts);
     sent_ += x_.peerBytes(slot);
     check(what);
   }
-  void allGather(at::Tensor& out, at::Tensor& in, const char* what) override {
-    x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel(), true);
+  void allGather(at::Tensor& out, at::Tensor& in, const char* what,
+                 const uint8_t** parts) override {
+    x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel(), true, parts);
     sent_ += x_.peerBytes(in.numel());
     check(what);
   }

@@ -16,6 +16,9 @@
 //   2. barrier: every rank has written its parts into this rank's half;
 //   3. copy out: the W - 1 peers' parts in this rank's half into `out` at
 //      [source rank * slotBytes + offset].
+// A slot that takes one round (the common case: a round holds 16 MiB / W per rank with the
+// default buffer) is not copied out at all: the caller reads the parts where they landed
+// (`parts`), its own in its input, before the next exchange.
 // A half is written again two rounds later, after the barrier of the round between, which each
 // rank enters only after its copy out of that half (stream order): nothing is overwritten before
 // its reader has it.
@@ -41,27 +44,38 @@ class Exchange {
   // The call's first barrier.
   bool begin() { return ex_.barrier(barriers_++); }
 
-  // Rank j receives slot j of every rank's `in` (world slots of slotBytes) into slot i of `out`
-  // for rank i (gather = false); or every rank's `in` (one slot) into slot i (gather = true).
-  bool run(uint8_t* out, const uint8_t* in, int64_t slotBytes, bool gather) {
+  // Rank j receives slot j of every rank's `in` (world slots of slotBytes) as its slot i from
+  // rank i (gather = false); or every rank's `in` (one slot) as its slot i (gather = true). On
+  // return parts[i] (world pointers) says where slot i lies. A slot of one round stays where it
+  // landed: the peers' parts in this rank's half, its own in `in`; the half is rewritten only
+  // after the barrier of the next exchange, so what the caller enqueues before that exchange
+  // reads them. Slots of several rounds are copied into `out` (world slots of slotBytes).
+  bool run(uint8_t* out, const uint8_t* in, int64_t slotBytes, bool gather, const uint8_t** parts) {
+    const bool inPlace = slotBytes <= g_.roundBytes;
+    const uint8_t* own = in + (gather ? 0 : int64_t(rank_) * slotBytes);
+    for (int q = 0; q < world_; ++q) parts[q] = out + int64_t(q) * slotBytes;
     for (int64_t off = 0; off < slotBytes; off += g_.roundBytes, ++round_) {
       const int64_t len = std::min(g_.roundBytes, slotBytes - off);
       const int64_t half = kIpcDataOffset + (round_ & 1) * g_.halfBytes;
-      for (int k = 0; k < world_; ++k) {
+      for (int k = 1; k < world_; ++k) {
         const int j = (rank_ + k) % world_;
-        const uint8_t* part = in + (gather ? 0 : int64_t(j) * slotBytes) + off;
-        uint8_t* to = j == rank_ ? out + int64_t(rank_) * slotBytes + off
-                                 : buffers_[j] + half + rank_ * g_.roundBytes;
-        ex_.copy(to, part, len);
+        ex_.copy(buffers_[j] + half + rank_ * g_.roundBytes,
+                 in + (gather ? 0 : int64_t(j) * slotBytes) + off, len);
       }
+      if (!inPlace) ex_.copy(out + int64_t(rank_) * slotBytes + off, own + off, len);
       if (!ex_.barrier(barriers_++)) return false;
       for (int q = 0; q < world_; ++q) {
         if (q == rank_) continue;
-        ex_.copy(out + int64_t(q) * slotBytes + off, buffers_[rank_] + half + q * g_.roundBytes,
-                 len);
+        if (inPlace) {
+          parts[q] = buffers_[rank_] + half + q * g_.roundBytes;
+        } else {
+          ex_.copy(out + int64_t(q) * slotBytes + off, buffers_[rank_] + half + q * g_.roundBytes,
+                   len);
+        }
       }
       ex_.flush();
     }
+    if (inPlace) parts[rank_] = own;
     return true;
   }
 

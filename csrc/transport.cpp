@@ -53,6 +53,23 @@ void Transport::allGather(at::Tensor& out, at::Tensor& in, const char* what) {
   wait(inner_->_allgather_base(out, in), what);
 }
 
+// Where each of the W slots of `out` lies.
+static void slotsOf(at::Tensor& out, int world, const uint8_t** parts) {
+  const int64_t slot = out.numel() / world;
+  for (int i = 0; i < world; ++i) parts[i] = out.data_ptr<uint8_t>() + i * slot;
+}
+
+void Transport::allToAll(at::Tensor& out, at::Tensor& in, const char* what, const uint8_t** parts) {
+  allToAll(out, in, what);
+  slotsOf(out, world_, parts);
+}
+
+void Transport::allGather(at::Tensor& out, at::Tensor& in, const char* what,
+                          const uint8_t** parts) {
+  allGather(out, in, what);
+  slotsOf(out, world_, parts);
+}
+
 void Transport::startBatch() {
   batching_ = inner_->supportsCoalescing();
   if (batching_) inner_->startCoalescing();

@@ -14,11 +14,15 @@ namespace qcomm {
 class ByteExchange {
  public:
   virtual ~ByteExchange() = default;
-  // Rank j receives slot j of every rank's `in` (W equal slots) into slot i of `out` for rank i.
-  // `what` names the step in errors.
-  virtual void allToAll(at::Tensor& out, at::Tensor& in, const char* what) = 0;
-  // Every rank receives every rank's `in` into slot i of `out`.
-  virtual void allGather(at::Tensor& out, at::Tensor& in, const char* what) = 0;
+  // Rank j receives slot j of every rank's `in` (W equal slots) as its slot i from rank i; on
+  // return parts[i] (W pointers) says where slot i lies: slot i of `out`, or where the exchange
+  // left it (valid until its next exchange, whose first copy is stream-ordered after what the
+  // caller enqueues before it). `what` names the step in errors.
+  virtual void allToAll(at::Tensor& out, at::Tensor& in, const char* what,
+                        const uint8_t** parts) = 0;
+  // Every rank receives every rank's `in` as its slot i; parts as above (`out`: W slots).
+  virtual void allGather(at::Tensor& out, at::Tensor& in, const char* what,
+                         const uint8_t** parts) = 0;
 };
 
 class Transport final : public ByteExchange {
@@ -33,8 +37,13 @@ class Transport final : public ByteExchange {
   int rank() const { return rank_; }
   int world() const { return world_; }
 
-  void allToAll(at::Tensor& out, at::Tensor& in, const char* what) override;
-  void allGather(at::Tensor& out, at::Tensor& in, const char* what) override;
+  // Rank j receives slot j of every rank's `in` (W equal slots) into slot i of `out` for rank i.
+  void allToAll(at::Tensor& out, at::Tensor& in, const char* what);
+  // Every rank receives every rank's `in` into slot i of `out`.
+  void allGather(at::Tensor& out, at::Tensor& in, const char* what);
+  // The same, every slot in `out` (ByteExchange).
+  void allToAll(at::Tensor& out, at::Tensor& in, const char* what, const uint8_t** parts) override;
+  void allGather(at::Tensor& out, at::Tensor& in, const char* what, const uint8_t** parts) override;
   // Point-to-point; tags are offset into a range user code does not use.
   c10::intrusive_ptr<c10d::Work> isend(at::Tensor& t, int peer, int tag);
   c10::intrusive_ptr<c10d::Work> irecv(at::Tensor& t, int peer, int tag);

@@ -1,7 +1,8 @@
 // The separate kernels' exchange (csrc/ipc_exchange.h) checked with any executor: W ranks as
-// threads move random bytes through buffers so small that slots take several rounds, over several
-// calls; every rank's `out` must hold exactly what its peers sent it, the barrier counts must
-// agree, and nothing may give up. Shared by the ThreadSanitizer harness (tests/native/ipc_race.cpp,
+// threads move random bytes through buffers so small that slots take several rounds (copied out)
+// or one (left in the buffers), over several calls; what each rank reads at its parts before its
+// next exchange must be exactly what its peers sent it, the barrier counts must agree, and
+// nothing may give up. Shared by the ThreadSanitizer harness (tests/native/ipc_race.cpp,
 // the host executor) and the SIMT emulator's driver (tests/native/simt/ipc_main.cpp, the kernels).
 #pragma once
 
@@ -16,8 +17,12 @@
 
 namespace qcomm {
 
-// The host executor never fails to launch (the kernels' executor has its own overload).
+// The host executor never fails to launch, and reads a part with memcpy (the kernels' executor
+// has its own overloads: a part on the "device" is read through a copy kernel).
 inline bool launchFailed(const HostCopies&) { return false; }
+inline void readPart(HostCopies&, uint8_t* into, const uint8_t* part, int64_t bytes) {
+  std::memcpy(into, part, size_t(bytes));
+}
 
 // Runs one call per entry of `slots` (bytes per slot) with an executor `Copies{args}` per rank
 // over buffers whose halves hold `part` bytes per rank. Prints one line per call naming `what`;
@@ -36,7 +41,8 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
   std::vector<IpcError> err(static_cast<size_t>(world));
   for (size_t call = 0; call < slots.size(); ++call) {
     const int64_t slot = slots[call];
-    std::vector<std::vector<uint8_t>> in(static_cast<size_t>(world)), out = in, gin = in, gout = in;
+    std::vector<std::vector<uint8_t>> in(static_cast<size_t>(world)), out = in, gin = in, gout = in,
+                                                                      got = in, ggot = in;
     std::mt19937 gen{uint32_t(call)};
     for (int r = 0; r < world; ++r) {
       in[size_t(r)].resize(size_t(world * slot));
@@ -45,6 +51,8 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
       for (auto& v : gin[size_t(r)]) v = uint8_t(gen());
       out[size_t(r)].assign(size_t(world * slot), 0);
       gout[size_t(r)].assign(size_t(world * slot), 0);
+      got[size_t(r)].assign(size_t(world * slot), 0);
+      ggot[size_t(r)].assign(size_t(world * slot), 0);
     }
     std::vector<char> ok(size_t(world), 0);
     std::vector<std::thread> ranks;
@@ -58,9 +66,20 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
         a.hostError = &err[size_t(r)];
         Copies c{a};
         ipc::Exchange<Copies> x(c, g, c.a.buffers, r, world);
-        ok[size_t(r)] =
-            x.begin() && x.run(out[size_t(r)].data(), in[size_t(r)].data(), slot, false) &&
-            x.run(gout[size_t(r)].data(), gin[size_t(r)].data(), slot, true) && !launchFailed(c);
+        std::vector<const uint8_t*> parts(static_cast<size_t>(world));
+        // what the caller does before the next exchange: read every part where it lies (a slot
+        // of one round stays in the buffers), here into got / ggot
+        auto take = [&](std::vector<uint8_t>& into) {
+          c.flush();
+          for (int q = 0; q < world; ++q) readPart(c, into.data() + q * slot, parts[q], slot);
+        };
+        bool done = x.begin() &&
+                    x.run(out[size_t(r)].data(), in[size_t(r)].data(), slot, false, parts.data());
+        if (done) take(got[size_t(r)]);
+        done =
+            done && x.run(gout[size_t(r)].data(), gin[size_t(r)].data(), slot, true, parts.data());
+        if (done) take(ggot[size_t(r)]);
+        ok[size_t(r)] = done && !launchFailed(c);
       });
     }
     for (auto& t : ranks) t.join();
@@ -72,9 +91,9 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
         return false;
       }
       for (int q = 0; q < world; ++q) {
-        if (std::memcmp(out[size_t(r)].data() + q * slot, in[size_t(q)].data() + r * slot,
+        if (std::memcmp(got[size_t(r)].data() + q * slot, in[size_t(q)].data() + r * slot,
                         size_t(slot)) != 0 ||
-            std::memcmp(gout[size_t(r)].data() + q * slot, gin[size_t(q)].data(), size_t(slot)) !=
+            std::memcmp(ggot[size_t(r)].data() + q * slot, gin[size_t(q)].data(), size_t(slot)) !=
                 0) {
           std::fprintf(stderr, "%s call %zu: rank %d's bytes from rank %d differ\n", what, call, r,
                        q);

@@ -284,14 +284,18 @@ struct KernelCopies {
 };
 
 bool launchFailed(const KernelCopies& c) { return c.failed; }
+void readPart(KernelCopies& c, uint8_t* into, const uint8_t* part, int64_t bytes) {
+  c.copy(into, part, bytes);  // the copy kernel, as a decode kernel would read it
+  c.flush();
+}
 
 // The separate kernels' exchange with the kernels above (tests/native/exchange_check.h: several
-// rounds per slot, slots that are not whole 16-byte vectors, so both of the copy kernel's paths
-// run). Then a rank that never comes: the others' barrier kernels must give up within the bound
-// and record it (step 3).
+// rounds per slot, or one left in the buffers, slots that are not whole 16-byte vectors, so both
+// of the copy kernel's paths run). Then a rank that never comes: the others' barrier kernels must
+// give up within the bound and record it (step 3).
 bool runExchange() {
   const int W = 3;
-  if (!exchangeCalls<KernelCopies>("exchange kernels", W, 2048, {5000, 10008, 16, 4096})) {
+  if (!exchangeCalls<KernelCopies>("exchange kernels", W, 2048, {5000, 10008, 16, 4096, 2000})) {
     return false;
   }
   const IpcExchangeGeometry g = ipcExchangeGeometry(W, kIpcDataOffset + 2 * W * 2048, nullptr);
