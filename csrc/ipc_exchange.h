@@ -6,22 +6,23 @@
 // kernel, all enqueued on the call's stream) and a host one (csrc/ipc_host.cpp: memcpy and the same
 // barrier on host memory, one thread per rank) that the CPU tests run against the reference.
 //
-// A call starts with a barrier: every rank has finished the previous call's copies out of its
-// buffer, so its peers may write into it. Then each exchange moves every rank's slots in rounds
+// A call starts with a barrier: every rank has finished reading the previous call's parts in its
+// buffer (copies out, or the decodes that read them where they landed), so its peers may write
+// into it. Then each exchange moves every rank's slots in rounds
 // of at most roundBytes per slot (ipcExchangeGeometry), round r through half r % 2 of the data
 // regions, counted over the whole call:
 //   1. copy: this rank's part of its slot for rank j into rank j's current half, at
-//      [this rank * roundBytes] (peers in rotated order rank + 1, rank + 2, ...); its own part
+//      [this rank * roundBytes] (peers in rotated order rank + 1, rank + 2, ...), and its own part
 //      straight into `out`;
 //   2. barrier: every rank has written its parts into this rank's half;
 //   3. copy out: the W - 1 peers' parts in this rank's half into `out` at
 //      [source rank * slotBytes + offset].
-// A slot that takes one round (the common case: a round holds 16 MiB / W per rank with the
-// default buffer) is not copied out at all: the caller reads the parts where they landed
-// (`parts`), its own in its input, before the next exchange.
-// A half is written again two rounds later, after the barrier of the round between, which each
-// rank enters only after its copy out of that half (stream order): nothing is overwritten before
-// its reader has it.
+// A slot that takes one round (with the default 32 MiB buffer, messages of up to about 15.7
+// million elements at 8 bits, whatever W) is not copied out at all: the caller reads the parts
+// where they landed (`parts`), its own in its input, before the next exchange.
+// A half is written again two rounds later, after the barrier of the round between (or of the
+// next call's start), which each rank enters only after its reads of that half (stream order):
+// nothing is overwritten before its reader has it.
 #pragma once
 
 #include <algorithm>
