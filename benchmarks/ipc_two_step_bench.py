@@ -48,21 +48,6 @@ def print_profile(after: list, before: list, what: str) -> None:
     print(f"# profile {what}, rank 0: {per:.0f} cycles per task group and piece; {shares}")
 
 
-def load_codec_kernels(dtype: torch.dtype, rs: int, ag: int) -> None:
-    """Launch, from this thread alone, the codec kernels the separate kernels' calls launch for
-    fp32 messages (SUM): under lazy loading a kernel's first launch waits for the context's
-    running kernels, here a peer thread's barrier kernel waiting for this rank. (Other dtypes
-    also cast, through kernels no hook launches: --kernels separate takes float32 only.)"""
-    n = 1 << 16
-    x = torch.randn(n, device="cuda").to(dtype)
-    acc = torch.zeros(n, device="cuda")
-    for bits, src in ((rs, x), (ag, acc)):
-        b = qcomm._C.cuda_codec_encode(src, bits, 128, False)
-        for accumulate in (False, True):
-            qcomm._C.cuda_codec_decode(b, n, bits, 128, False, out=acc, accumulate=accumulate)
-    torch.cuda.synchronize()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--world", type=int, default=2)
@@ -75,8 +60,6 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="per-phase time of the kernel's blocks")
     ap.add_argument("--kernels", default="fused", choices=["fused", "separate"])
     args = ap.parse_args()
-    if args.kernels == "separate" and args.dtype != "float32":
-        ap.error("--kernels separate takes --dtype float32 (see load_codec_kernels)")
     os.environ["QCOMM_IPC_KERNELS"] = args.kernels  # read at the groups' set-up
     if not (torch.cuda.is_available() and qcomm.compiled_with_cuda()):
         print("needs a CUDA device and the CUDA build of qcomm", file=sys.stderr)
@@ -170,8 +153,6 @@ def main() -> int:
         for bits in args.bits.split(","):
             rs, ag = (int(b) for b in bits.split("/"))
             cfg = qcomm.QuantConfig(rs_bits=rs, ag_bits=ag, min_bytes=0).as_tuple()
-            if args.kernels == "separate":
-                load_codec_kernels(dtype, rs, ag)
             times = [0.0] * world
             before: list[int] = []
 

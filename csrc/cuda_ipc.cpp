@@ -136,6 +136,7 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     // share, never an exception after they have agreed
     cudaStream_t zeroing = nullptr;
     cudaError_t e = gpu::ipcPreload();
+    if (e == cudaSuccess && separate) e = gpu::codecPreload();
     if (e == cudaSuccess) e = cudaMalloc(&t->own_, size_t(bufferBytes));
     // zeroed on a stream of its own: a device-wide sync could wait on a peer's kernel (ranks that
     // are threads of one process)

@@ -604,6 +604,51 @@ cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out
   return cudaGetLastError();
 }
 
+cudaError_t codecPreload() {
+#if defined(QCOMM_SIMT)
+  return cudaSuccess;
+#else
+  cudaError_t e = cudaSuccess;
+  auto load = [&](auto kernel) {
+    cudaFuncAttributes attr;
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel));
+  };
+  auto eachType = [](auto f) {
+    f(static_cast<float*>(nullptr));
+    f(static_cast<fp16_t*>(nullptr));
+    f(static_cast<bf16_t*>(nullptr));
+  };
+  auto eachCodec = [](auto f) {
+    for (int bits : {4, 8}) {
+      for (int sym : {0, 1}) withCodec(CodecSpec{bits, 128, sym, kFloat32}, f);
+    }
+  };
+  eachCodec([&](auto k) {
+    using K = decltype(k);
+    load(decodeKernel<K::bits, K::sym>);
+    load(decodeSumKernel<K::bits, K::sym>);
+    eachType([&](auto t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      load(encodeKernel<T, K::bits, K::sym, 3, false>);
+      load(encodeKernel<T, K::bits, K::sym, 4, false>);
+      load(encodeKernel<T, K::bits, K::sym, 3, true>);
+      eachCodec([&](auto o) {
+        using O = decltype(o);
+        load(hopKernel<T, K::bits, K::sym, O::bits, O::sym>);
+      });
+    });
+  });
+  eachType([&](auto t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    load(castKernel<T, float>);
+    load(castKernel<T, fp16_t>);
+    load(castKernel<T, bf16_t>);
+    load(rawToFloatKernel<T>);
+  });
+  return e;
+#endif
+}
+
 cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
                       float* out, cudaStream_t stream) {
   if (n == 0 || count == 0) return cudaSuccess;

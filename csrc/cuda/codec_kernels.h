@@ -46,6 +46,13 @@ cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void*
 // 1 block; at most cap). Exposed for the emulator's check.
 int balancedGrid(int64_t needed, int64_t cap);
 
+// Loads every codec kernel on the current device: under lazy loading (CUDA 12.2+'s default) a
+// kernel loads at its first launch, and loading waits for the context's running kernels. Ranks
+// that are threads of one process share a context, so a rank loading a codec kernel while a
+// peer's barrier kernel (the separate kernels over CUDA IPC) waits for this rank would wait for
+// that kernel, and it for this rank. Called at the IPC transport's set-up (see ipcPreload).
+cudaError_t codecPreload();
+
 // An experimental launch setting read at every launch or call (QCOMM_CUDA_PREFETCH,
 // QCOMM_CUDA_ENCODE_BLOCKS, QCOMM_CUDA_ENCODE_STAGED, QCOMM_IPC_RELEASE_FENCE): true when the
 // variable `name` holds `on`. Unset, empty or `off` is the default; any other value is too, with
