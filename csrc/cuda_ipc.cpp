@@ -349,30 +349,7 @@ void IpcTransport::abortPeers() {
 
 namespace {
 
-// The separate kernels' executor of ipc_exchange.h: each step's copies in one copy kernel, and the
-// barrier kernel, enqueued on the call's stream. A barrier that gives up records the error on the
-// device (checkError reads it); a launch that fails is kept in `error`.
-struct GpuCopies {
-  IpcTwoStepArgs a;  // the barrier's: buffers, rank, world, bound, error record
-  cudaStream_t stream;
-  int maxBlocks;
-  cudaError_t error = cudaSuccess;
-  gpu::IpcCopies pending{};
-  void copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
-    if (pending.count == kIpcMaxRanks) flush();
-    pending.copy[pending.count++] = gpu::IpcCopy{dst, src, bytes};
-  }
-  void flush() {
-    if (pending.count > 0 && error == cudaSuccess) error = gpu::ipcCopy(pending, maxBlocks, stream);
-    pending.count = 0;
-  }
-  bool barrier(uint32_t index) {
-    flush();
-    if (error == cudaSuccess) error = gpu::ipcBarrier(a, index, stream);
-    return true;
-  }
-};
-
+// The separate kernels' exchange (gpu::ExchangeKernels) for the collective path's two_step.
 class GpuIpcExchange final : public ByteExchange {
  public:
   GpuIpcExchange(const IpcTwoStepArgs& a, const IpcExchangeGeometry& g, cudaStream_t stream,
@@ -400,8 +377,8 @@ class GpuIpcExchange final : public ByteExchange {
     TORCH_CHECK(copies_.error == cudaSuccess, "enqueuing ", what, " failed (",
                 cudaGetErrorString(copies_.error), ")");
   }
-  GpuCopies copies_;
-  ipc::Exchange<GpuCopies> x_;
+  gpu::ExchangeKernels copies_;
+  ipc::Exchange<gpu::ExchangeKernels> x_;
   int64_t sent_ = 0;
 };
 

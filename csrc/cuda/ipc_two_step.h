@@ -31,6 +31,31 @@ struct IpcCopies {
 cudaError_t ipcBarrier(const IpcTwoStepArgs& a, uint32_t index, cudaStream_t stream);
 cudaError_t ipcCopy(const IpcCopies& copies, int maxBlocks, cudaStream_t stream);
 
+// The separate kernels' executor of csrc/ipc_exchange.h: each step's copies in one copy kernel
+// (ipcCopy), and the barrier kernel (ipcBarrier), enqueued on `stream`. A barrier that gives up
+// records the error on the device (the transport's checkError reads it); the first launch that
+// fails is kept in `error`, and nothing is enqueued after it.
+struct ExchangeKernels {
+  IpcTwoStepArgs a;  // the barrier's: buffers, rank, world, bound, error record
+  cudaStream_t stream;
+  int maxBlocks;  // of a copy kernel
+  cudaError_t error = cudaSuccess;
+  IpcCopies pending{};
+  void copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+    if (pending.count == kIpcMaxRanks) flush();
+    pending.copy[pending.count++] = IpcCopy{dst, src, bytes};
+  }
+  void flush() {
+    if (pending.count > 0 && error == cudaSuccess) error = ipcCopy(pending, maxBlocks, stream);
+    pending.count = 0;
+  }
+  bool barrier(uint32_t index) {
+    flush();
+    if (error == cudaSuccess) error = ipcBarrier(a, index, stream);
+    return true;
+  }
+};
+
 // Loads this file's kernels on the current device (see the definition); called once at set-up,
 // before any rank can launch.
 cudaError_t ipcPreload();

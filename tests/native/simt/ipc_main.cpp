@@ -262,28 +262,13 @@ bool runMissingRank() {
   return true;
 }
 
-// The separate kernels' executor with the real kernels (exchangeCopies, exchangeBarrier) run by
-// the emulator, as csrc/cuda_ipc.cpp enqueues them.
-struct KernelCopies {
-  IpcTwoStepArgs a;
-  gpu::IpcCopies pending{};
-  bool failed = false;
-  void copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
-    if (pending.count == kIpcMaxRanks) flush();
-    pending.copy[pending.count++] = gpu::IpcCopy{dst, src, bytes};
-  }
-  void flush() {
-    if (pending.count > 0 && gpu::ipcCopy(pending, 3, nullptr) != cudaSuccess) failed = true;
-    pending.count = 0;
-  }
-  bool barrier(uint32_t index) {
-    flush();
-    if (gpu::ipcBarrier(a, index, nullptr) != cudaSuccess) failed = true;
-    return true;
-  }
+// The separate kernels' executor the transport runs (gpu::ExchangeKernels: the copy and barrier
+// kernels), here run by the emulator, copy kernels of at most 3 blocks.
+struct KernelCopies : gpu::ExchangeKernels {
+  explicit KernelCopies(const IpcTwoStepArgs& args) : gpu::ExchangeKernels{args, nullptr, 3} {}
 };
 
-bool launchFailed(const KernelCopies& c) { return c.failed; }
+bool launchFailed(const KernelCopies& c) { return c.error != cudaSuccess; }
 void readPart(KernelCopies& c, uint8_t* into, const uint8_t* part, int64_t bytes) {
   c.copy(into, part, bytes);  // the copy kernel, as a decode kernel would read it
   c.flush();
