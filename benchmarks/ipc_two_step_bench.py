@@ -114,7 +114,14 @@ def main() -> int:
     # (qcomm loads its own kernels at set-up.)
     torch.cuda._sleep(1)
     torch.cuda.synchronize()
-    rows = []
+    # each row written as it is measured, so a failure at a later size keeps the earlier ones
+    out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115
+    writer = csv.writer(out) if out else None
+    if writer:
+        writer.writerow(
+            ["MiB", "kernel", "bits", "scale", "time_us", "GB/s (read+write)", "x copy"]
+        )
+        out.flush()
     print(
         f"# {torch.cuda.get_device_name()}, {world} ranks as threads on one GPU, {args.dtype}, "
         f"{args.kernels} kernels (QCOMM_IPC_KERNELS), "
@@ -179,17 +186,19 @@ def main() -> int:
             t = max(times)
             per_mib = t / (world * mib)
             # the cost model's row: one rank's share of the chip's time (t / W), asym (default)
-            rows.append(
-                [
-                    mib,
-                    f"{args.kernels}_two_step",
-                    bits,
-                    "asym",
-                    f"{t / world:.1f}",
-                    f"{world * mib * 2**20 / (t * 1e-6) / 1e9:.1f}",
-                    f"{copy_us / t:.2f}",
-                ]
-            )
+            if writer:
+                writer.writerow(
+                    [
+                        mib,
+                        f"{args.kernels}_two_step",
+                        bits,
+                        "asym",
+                        f"{t / world:.1f}",
+                        f"{world * mib * 2**20 / (t * 1e-6) / 1e9:.1f}",
+                        f"{copy_us / t:.2f}",
+                    ]
+                )
+                out.flush()
             print(
                 f"| {mib} | {bits} | {t:.1f} | {per_mib:.2f} | {copy_us:.1f} | {copy_us / t:.2f} |",
                 flush=True,
@@ -202,11 +211,8 @@ def main() -> int:
             for x in xs:  # keep magnitudes bounded across repeated in-place sums
                 x.div_(world ** (args.iters + 1))
         del xs, src, dst
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["MiB", "kernel", "bits", "scale", "time_us", "GB/s (read+write)", "x copy"])
-            w.writerows(rows)
+    if out:
+        out.close()
     return 0
 
 
