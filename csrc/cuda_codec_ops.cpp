@@ -2,8 +2,6 @@
 // enqueued on one stream, none blocking the host. Built only with CUDA.
 #ifdef QCOMM_WITH_CUDA
 
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "codec_ops.h"
@@ -51,14 +49,10 @@ class CudaCodecOps final : public CodecOps {
     encode(x, kFloat32, n, rawSpec(dtype), static_cast<uint8_t*>(out), Noise{0, 0, 0});
   }
   void divide(float* x, int64_t n, int world) override {
-    if (n == 0) return;
-    // torch's fp32 division on the stream: a / b, correctly rounded, as the CPU's x / w. The
-    // divisor is a one-element CUDA tensor, not a Scalar: torch turns division by a CPU scalar
-    // into multiplication by its reciprocal, which is not bit-identical for w = 3.
-    c10::cuda::CUDAStreamGuard guard(stream_);
-    const auto opts = at::TensorOptions().dtype(at::kFloat).device(stream_.device());
-    at::Tensor v = at::from_blob(x, {n}, opts);
-    v.div_(at::full({1}, float(world), opts));
+    // qcomm's own kernel, not torch's div_: codecPreload loads it at the IPC set-up, and a torch
+    // kernel's first launch, loaded lazily, would wait for a peer rank's spinning barrier kernel
+    // where ranks are threads of one process (see gpu::codecPreload)
+    check(gpu::divide(x, n, float(world), stream_.stream()), "divide");
   }
 
  private:

@@ -6,7 +6,10 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/extension.h>
+
+#include <vector>
 
 #include "cuda/codec_kernels.h"
 
@@ -104,6 +107,54 @@ py::tuple cudaHop(const at::Tensor& src, int inBits, int inGroup, bool inSym,
   return py::make_tuple(partial, dst);
 }
 
+// The fp32 sum, in order, of the decoded values of encoded blocks that lie in one byte tensor at
+// the given byte offsets (two_step's owners' sum; any offsets, the kernel takes the scalar path
+// for those it cannot load in vectors), into a new tensor or into `out` (a contiguous fp32 view
+// of numel elements, possibly misaligned).
+at::Tensor cudaDecodeSum(const at::Tensor& buffer, const std::vector<int64_t>& offsets, int64_t n,
+                         int bits, int groupSize, bool symmetric, py::object out) {
+  TORCH_CHECK_VALUE(buffer.is_cuda() && buffer.scalar_type() == at::kByte && buffer.is_contiguous(),
+                    "[qcomm] cuda_codec_decode_sum takes a contiguous uint8 CUDA tensor");
+  c10::cuda::CUDAGuard guard(buffer.device());
+  const CodecSpec s = spec(bits, groupSize, symmetric, at::kFloat);
+  const int64_t bytes = encodedBytes(n, s);
+  TORCH_CHECK_VALUE(!offsets.empty(), "[qcomm] cuda_codec_decode_sum: no block to sum");
+  std::vector<const uint8_t*> srcs;
+  for (const int64_t off : offsets) {
+    TORCH_CHECK_VALUE(off >= 0 && off + bytes <= buffer.numel(),
+                      "[qcomm] cuda_codec_decode_sum: ", "a block at byte ", off,
+                      " does not fit the buffer of ", buffer.numel(), " bytes");
+    TORCH_CHECK_VALUE(off % 4 == 0, "[qcomm] cuda_codec_decode_sum: a block's offset must be a ",
+                      "multiple of 4 (its scales are floats), got ", off);
+    srcs.push_back(buffer.data_ptr<uint8_t>() + off);
+  }
+  at::Tensor o;
+  if (out.is_none()) {
+    o = at::empty({n}, buffer.options().dtype(at::kFloat));
+  } else {
+    o = out.cast<at::Tensor>();
+    TORCH_CHECK_VALUE(
+        o.is_cuda() && o.scalar_type() == at::kFloat && o.is_contiguous() && o.numel() == n,
+        "[qcomm] cuda_codec_decode_sum: `out` must be a contiguous fp32 CUDA tensor of ", n,
+        " elements");
+  }
+  check(gpu::decodeSum(srcs.data(), int(srcs.size()), n, s, o.data_ptr<float>(),
+                       at::cuda::getCurrentCUDAStream()),
+        "decode-sum");
+  return o;
+}
+
+// x /= world in place (AVG's division, gpu::divide); returns x.
+at::Tensor cudaDivide(const at::Tensor& x, int world) {
+  TORCH_CHECK_VALUE(x.is_cuda() && x.scalar_type() == at::kFloat && x.is_contiguous(),
+                    "[qcomm] cuda_codec_divide takes a contiguous fp32 CUDA tensor");
+  TORCH_CHECK_VALUE(world >= 1, "[qcomm] cuda_codec_divide: world must be >= 1, got ", world);
+  c10::cuda::CUDAGuard guard(x.device());
+  check(gpu::divide(x.data_ptr<float>(), x.numel(), float(world), at::cuda::getCurrentCUDAStream()),
+        "divide");
+  return x;
+}
+
 }  // namespace
 
 void registerCudaOps(py::module& m) {
@@ -112,6 +163,10 @@ void registerCudaOps(py::module& m) {
   m.def("cuda_codec_decode", &cudaDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
         py::arg("group_size"), py::arg("symmetric"), py::arg("out") = py::none(),
         py::arg("accumulate") = false);
+  m.def("cuda_codec_decode_sum", &cudaDecodeSum, py::arg("buffer"), py::arg("offsets"),
+        py::arg("numel"), py::arg("bits"), py::arg("group_size"), py::arg("symmetric"),
+        py::arg("out") = py::none());
+  m.def("cuda_codec_divide", &cudaDivide, py::arg("x"), py::arg("world"));
   m.def("cuda_codec_hop", &cudaHop, py::arg("src"), py::arg("in_bits"), py::arg("in_group"),
         py::arg("in_symmetric"), py::arg("local"), py::arg("out_bits"), py::arg("out_group"),
         py::arg("out_symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0,

@@ -212,3 +212,58 @@ def test_cuda_ring_hop_matches_cpu(local_dtype):
         )
         assert same_floats(want_partial, partial.cpu()), (in_group, out_group, noise)
         assert torch.equal(want, dst.cpu()), (in_group, out_group, noise)
+
+
+@pytest.mark.parametrize("bits,sym", [(4, True), (4, False), (8, True), (8, False)])
+def test_cuda_decode_sum_matches_cpu(bits, sym):
+    # two_step's owners' sum (gpu::decodeSum, 8 blocks per launch, later launches adding to the
+    # first's sum): the CPU's decode and decodes with accumulate, in order, bit for bit; 1, 8, 9
+    # and 17 blocks in one buffer at 16-byte offsets (the vector path) or one block 4 bytes off
+    # (the scalar path), the output one float off (its scalar path), sizes from 1 to 2M + 77
+    g = torch.Generator().manual_seed(bits + sym)
+    group = 64 if bits == 4 else 128
+    for count, n, skew in [
+        (1, 1, 0),
+        (8, 3, 0),
+        (9, 1023, 0),
+        (17, 4096 + 77, 4),
+        (9, 2**21 + 77, 0),
+    ]:
+        blocks = [
+            _C.codec_encode(
+                _special(n, seed=k) if k % 3 == 0 else torch.randn(n, generator=g), bits, group, sym
+            )
+            for k in range(count)
+        ]
+        want = _C.codec_decode(blocks[0], n, bits, group, sym)
+        for b in blocks[1:]:
+            want = want + _C.codec_decode(b, n, bits, group, sym)
+        unit = (blocks[0].numel() + 15) // 16 * 16 + 16
+        offsets = [k * unit + (skew if k == count - 1 else 0) for k in range(count)]
+        buffer = torch.zeros(count * unit + 16, dtype=torch.uint8)
+        for off, b in zip(offsets, blocks):
+            buffer[off : off + b.numel()] = b
+        store = torch.full((n + 1,), 7.0, device="cuda")
+        got = _C.cuda_codec_decode_sum(buffer.cuda(), offsets, n, bits, group, sym, out=store[1:])
+        case = f"count={count} n={n} skew={skew}"
+        assert got.data_ptr() == store[1:].data_ptr(), case
+        assert same_floats(want, got.cpu()), f"{case}: sums differ"
+        assert store[0].item() == 7.0, f"{case}: wrote before its output"
+    with pytest.raises(ValueError, match="no block to sum"):
+        _C.cuda_codec_decode_sum(
+            torch.zeros(64, dtype=torch.uint8, device="cuda"), [], 4, bits, group, sym
+        )
+    with pytest.raises(ValueError, match="multiple of 4"):
+        _C.cuda_codec_decode_sum(
+            torch.zeros(4096, dtype=torch.uint8, device="cuda"), [2], 4, bits, group, sym
+        )
+
+
+def test_cuda_divide_matches_cpu():
+    # AVG's division of the owner's sum (gpu::divide, an IEEE fp32 division as the CPU's): world
+    # sizes 2..8 over values with every special case; the reference divides element by element
+    # (a tensor divisor: a scalar one may become a multiplication by its reciprocal)
+    x = _special(5000, seed=11)
+    for world in range(2, 9):
+        got = _C.cuda_codec_divide(x.cuda(), world)
+        assert same_floats(x / torch.full_like(x, world), got.cpu()), f"world={world}"

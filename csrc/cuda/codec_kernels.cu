@@ -159,6 +159,14 @@ __global__ void rawToFloatKernel(const T* x, int64_t n, float* out, bool accumul
   }
 }
 
+// x[i] = x[i] / divisor (AVG's division of a sum by the world size): an IEEE fp32 division (the
+// build's --prec-div=true), as the CPU's divideBy, bit for bit.
+__global__ void divideKernel(float* x, int64_t n, float divisor) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = x[i] / divisor;
+}
+
 // Item i is elements 4i..4i+3 (one group: groupSize is a multiple of 4). Each loop step of a
 // block covers kDecodeUnroll * kBlock consecutive items, thread t items t, t + kBlock, ..., so
 // every load and store instruction of a warp touches one contiguous range.
@@ -195,7 +203,7 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
     // items' groups are g0 + u * (4 kBlock >> shift): 4 kBlock = 1024 elements is a multiple of
     // every group size, so one shift serves the step
     const bool whole = first + (kDecodeUnroll - 1) * kBlock < items;
-    auto step = [&](auto wholeStep) {
+    auto decodeStep = [&](auto wholeStep) {
       constexpr bool kWhole = decltype(wholeStep)::value;
       uint32_t q[kDecodeUnroll][4];
       GroupParams p[kDecodeUnroll];
@@ -249,9 +257,9 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
       }
     };
     if (whole) {
-      step(std::true_type{});
+      decodeStep(std::true_type{});
     } else {
-      step(std::false_type{});
+      decodeStep(std::false_type{});
     }
   }
   // the scalar path: elements past the last whole item, or all of them when unaligned
@@ -466,27 +474,30 @@ void launch(int64_t blocksNeeded, cudaStream_t s, Args... args) {
 // Whether kKernel may take kShared bytes of dynamic shared memory on the current device: above 48
 // KB a kernel must ask for it, once per device (and prefers the largest shared-memory carveout,
 // so that three 64 KB blocks fit on an SM where the chip has the room). False where the device
-// refuses (then the caller launches another kernel).
+// refuses (then the caller launches another kernel); the answer, either one, is kept per device,
+// so the runtime is asked once (codecPreload asks at set-up, before any peer can be waiting).
 template <auto kKernel, int kShared>
 bool sharedAllowed() {
   if (kShared <= 48 * 1024) return true;
-  static std::atomic<uint64_t> asked{0};
+  static std::atomic<uint64_t> granted{0}, refused{0};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
   const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (bit != 0 && (asked.load() & bit) != 0) return true;
+  if (bit != 0 && (granted.load() & bit) != 0) return true;
+  if (bit != 0 && (refused.load() & bit) != 0) return false;
   const void* k = reinterpret_cast<const void*>(kKernel);
   if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared) !=
           cudaSuccess ||
       cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                            int(cudaSharedmemCarveoutMaxShared)) != cudaSuccess) {
     (void)cudaGetLastError();  // only our own request failed
+    refused.fetch_or(bit);
     return false;
   }
-  asked.fetch_or(bit);
+  granted.fetch_or(bit);
   return true;
 }
 
@@ -632,6 +643,8 @@ cudaError_t codecPreload() {
       load(encodeKernel<T, K::bits, K::sym, 3, false>);
       load(encodeKernel<T, K::bits, K::sym, 4, false>);
       load(encodeKernel<T, K::bits, K::sym, 3, true>);
+      // the staged encoder's request for shared memory, made here rather than at its first launch
+      (void)sharedAllowed<encodeKernel<T, K::bits, K::sym, 3, true>, stagedBytes<T>()>();
       eachCodec([&](auto o) {
         using O = decltype(o);
         load(hopKernel<T, K::bits, K::sym, O::bits, O::sym>);
@@ -645,8 +658,15 @@ cudaError_t codecPreload() {
     load(castKernel<T, bf16_t>);
     load(rawToFloatKernel<T>);
   });
+  load(divideKernel);
   return e;
 #endif
+}
+
+cudaError_t divide(float* x, int64_t n, float divisor, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  launch<divideKernel>(elementBlocks(n, 1), stream, x, n, divisor);
+  return cudaGetLastError();
 }
 
 cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,

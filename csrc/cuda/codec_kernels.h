@@ -34,6 +34,9 @@ struct SumSources {
 cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
                       float* out, cudaStream_t stream);
 
+// x[0..n) /= divisor in fp32, each an IEEE division as the CPU's divideBy (AVG).
+cudaError_t divide(float* x, int64_t n, float divisor, cudaStream_t stream);
+
 // One ring hop, fused: partial = decode(src with `in`) + local (local of `localDtype`), then
 // encode partial with `out` into dst. partial (fp32, n) keeps the sum for the caller.
 cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,

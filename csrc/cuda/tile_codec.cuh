@@ -170,6 +170,8 @@ __device__ __forceinline__ void loadItems(const uint8_t* data, const float* meta
     if (i < items) {
       loadCodes4<kBits>(data, 4 * i, q[u]);
       p[u] = loadParamsAt<kSym>(meta, groups, (4 * i) >> shift);
+    } else {
+      p[u] = GroupParams{1.0f, 0.0f};  // an item past the end: never used, but defined
     }
   }
 }
@@ -226,9 +228,10 @@ struct SlabTarget {
 
 // NaN-propagating max (PTX max.NaN, sm_80 on): a NaN in either operand gives a NaN, where fmaxf
 // returns the other operand. Otherwise the maximum; which zero it gives for -0 and +0 is left
-// open, as codec.h's parameters normalise zeros. The emulator (no __CUDA_ARCH__) compares.
+// open, as codec.h's parameters normalise zeros. The emulator (no __CUDA_ARCH__) and code for
+// chips before sm_80 compare.
 __device__ __forceinline__ float maxNaN(float a, float b) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   float d;
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
   return d;

@@ -375,6 +375,28 @@ int main(int argc, char** argv) {
   std::printf("decode-sum: %lld cases, %d differences\n", (long long)(cases - before),
               failures - failuresBeforeSum);
 
+  // AVG's division (gpu::divide) against the CPU's divideBy: special values in every variant 1
+  before = cases;
+  const int failuresBeforeDivide = failures;
+  for (int world : {2, 3, 5, 7, 8}) {
+    for (int64_t n : {int64_t(1), int64_t(4096 + 77)}) {
+      ++cases;
+      const std::vector<float> v = values(n, gen, world % 2);
+      std::vector<float> want = v, got = v;
+      divideBy(want.data(), n, float(world));
+      if (gpu::divide(got.data(), n, float(world), nullptr) != cudaSuccess) {
+        std::fprintf(stderr, "FAIL divide: launch error\n");
+        ++failures;
+        continue;
+      }
+      sameBytes("divide world=" + std::to_string(world) + " n=" + std::to_string(n),
+                reinterpret_cast<const uint8_t*>(want.data()),
+                reinterpret_cast<const uint8_t*>(got.data()), size_t(n) * 4);
+    }
+  }
+  std::printf("divide: %lld cases, %d differences\n", (long long)(cases - before),
+              failures - failuresBeforeDivide);
+
   // 2. the fused ring hop, each input codec into each output codec, fp32 partial aliasing the
   //    local input as the ring does in place
   before = cases;
