@@ -238,9 +238,7 @@ std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<a
 class HostIpcExchange final : public ByteExchange {
  public:
   HostIpcExchange(const IpcTwoStepArgs& a, const IpcExchangeGeometry& g)
-      : copies_{a}, x_(copies_, g, copies_.a.buffers, a.rank, a.world) {
-    check(x_.begin(), "the call's first barrier");
-  }
+      : copies_{a}, x_(copies_, g, copies_.a.buffers, a.rank, a.world) {}
   void allToAll(at::Tensor& out, at::Tensor& in, const char* what, const uint8_t** parts) override {
     check(x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel() / copies_.a.world,
                  false, parts),

@@ -11,6 +11,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,9 @@ class Collective {
         data_(data),
         ops_(ops),
         own_(plan.chunk(rank)),
-        sum_(floats(plan.chunkElems)) {}
+        sum_(floats(plan.chunkElems)),
+        send_(bytes(std::max(twoStepBytes(plan), agUnit(plan)))),
+        recv_(bytes(std::max(twoStepBytes(plan), agUnit(plan) * plan.world))) {}
 
   // Reduce this rank's chunk into sum_, then the gather phase.
   void run() {
@@ -64,6 +67,11 @@ class Collective {
   const std::string& step() const { return step_; }
 
  private:
+  // two_step's encoded chunks, W units (0 for the rings); the gather codec's unit
+  static int64_t twoStepBytes(const Plan& p) {
+    return p.algorithm == kTwoStep ? alignUp16(encodedBytes(p.chunkElems, p.rs)) * p.world : 0;
+  }
+  static int64_t agUnit(const Plan& p) { return alignUp16(encodedBytes(p.chunkElems, p.ag)); }
   at::Tensor bytes(int64_t n) const { return at::empty({n}, data_.options().dtype(at::kByte)); }
   at::Tensor floats(int64_t n) const { return at::empty({n}, data_.options().dtype(at::kFloat)); }
   void* input(int64_t elem) const { return elemPtr(data_.data_ptr(), p_.dtype, elem); }
@@ -107,8 +115,8 @@ class Collective {
   void twoStep() {
     const int world = p_.world;
     const int64_t unit = alignUp16(encodedBytes(p_.chunkElems, p_.rs));
-    at::Tensor in = bytes(unit * world);
-    at::Tensor out = bytes(unit * world);
+    at::Tensor in = send_.narrow(0, 0, unit * world);
+    at::Tensor out = recv_.narrow(0, 0, unit * world);
     step_ = "two_step reduce phase (encode)";
     for (int c = 0; c < world; ++c) encodeInput(c, ptr(in, c * unit));
     std::vector<const uint8_t*> copies(static_cast<size_t>(world));
@@ -199,11 +207,14 @@ class Collective {
   // rank every chunk's bytes, which all ranks (the owner too) decode into place.
   void gather() {
     const int world = p_.world;
-    const int64_t unit = alignUp16(encodedBytes(p_.chunkElems, p_.ag));
+    const int64_t unit = agUnit(p_);
     step_ = "gather phase (encode)";
     if (p_.average) ops_.divide(sum(), own_.len, world);
-    at::Tensor mine = bytes(unit);
-    at::Tensor all = bytes(unit * world);
+    // the reduce phase's buffers again: what read or wrote them before is ordered before this
+    // (the host waited for the Gloo transfers; on CUDA the stream, NCCL's Work::wait, and the
+    // IPC exchange's copies are stream-ordered)
+    at::Tensor mine = send_.narrow(0, 0, unit);
+    at::Tensor all = recv_.narrow(0, 0, unit * world);
     ops_.encode(sum(), kFloat32, own_.len, p_.ag, ptr(mine), agNoise(p_, rank_, own_.begin));
     std::vector<const uint8_t*> parts(static_cast<size_t>(world));
     ex_.allGather(all, mine, "gather phase (all-gather)", parts.data());
@@ -227,6 +238,12 @@ class Collective {
   CodecOps& ops_;
   ChunkRange own_;
   at::Tensor sum_;  // fp32: this rank's chunk, summed
+  // Byte buffers of two_step's exchange and of the gather, allocated with the collective: a call
+  // allocates nothing once its first exchange has begun (over CUDA IPC with ranks as threads of
+  // one process, an allocation that synchronises the device would wait for a peer's barrier
+  // kernel, which waits for this rank). send_: two_step's encoded chunks, then the gather's own
+  // unit; recv_: what the exchange delivers, then the gathered units.
+  at::Tensor send_, recv_;
   std::string step_ = "set-up";
 };
 

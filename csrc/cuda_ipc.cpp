@@ -354,10 +354,7 @@ class GpuIpcExchange final : public ByteExchange {
  public:
   GpuIpcExchange(const IpcTwoStepArgs& a, const IpcExchangeGeometry& g, cudaStream_t stream,
                  int maxBlocks)
-      : copies_{a, stream, maxBlocks}, x_(copies_, g, copies_.a.buffers, a.rank, a.world) {
-    x_.begin();
-    check("the call's first barrier");
-  }
+      : copies_{a, stream, maxBlocks}, x_(copies_, g, copies_.a.buffers, a.rank, a.world) {}
   void allToAll(at::Tensor& out, at::Tensor& in, const char* what, const uint8_t** parts) override {
     const int64_t slot = in.numel() / copies_.a.world;
     x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), slot, false, parts);

@@ -6,9 +6,12 @@
 // kernel, all enqueued on the call's stream) and a host one (csrc/ipc_host.cpp: memcpy and the same
 // barrier on host memory, one thread per rank) that the CPU tests run against the reference.
 //
-// A call starts with a barrier: every rank has finished reading the previous call's parts in its
-// buffer (copies out, or the decodes that read them where they landed), so its peers may write
-// into it. Then each exchange moves every rank's slots in rounds
+// A call starts with a barrier, before its first copy (begin(), or the first run()): every rank
+// has finished reading the previous call's parts in its buffer (copies out, or the decodes that
+// read them where they landed), so its peers may write into it. What the caller enqueues before
+// the first exchange (its allocations, the reduce phase's encodes) comes before that barrier, so
+// nothing a rank does on the host while a peer's barrier waits for it is part of the call. Then
+// each exchange moves every rank's slots in rounds
 // of at most roundBytes per slot (ipcExchangeGeometry), round r through half r % 2 of the data
 // regions, counted over the whole call:
 //   1. copy: this rank's part of its slot for rank j into rank j's current half, at
@@ -42,8 +45,11 @@ class Exchange {
   Exchange(Exec& ex, const IpcExchangeGeometry& g, uint8_t* const* buffers, int rank, int world)
       : ex_(ex), g_(g), buffers_(buffers), rank_(rank), world_(world) {}
 
-  // The call's first barrier.
-  bool begin() { return ex_.barrier(barriers_++); }
+  // The call's first barrier (once; the first run() enters it if begin() was not called).
+  bool begin() {
+    if (barriers_ > 0) return true;
+    return ex_.barrier(barriers_++);
+  }
 
   // Rank j receives slot j of every rank's `in` (world slots of slotBytes) as its slot i from
   // rank i (gather = false); or every rank's `in` (one slot) as its slot i (gather = true). On
@@ -52,6 +58,7 @@ class Exchange {
   // after the barrier of the next exchange, so what the caller enqueues before that exchange
   // reads them. Slots of several rounds are copied into `out` (world slots of slotBytes).
   bool run(uint8_t* out, const uint8_t* in, int64_t slotBytes, bool gather, const uint8_t** parts) {
+    if (!begin()) return false;
     const bool inPlace = slotBytes <= g_.roundBytes;
     const uint8_t* own = in + (gather ? 0 : int64_t(rank_) * slotBytes);
     for (int q = 0; q < world_; ++q) parts[q] = out + int64_t(q) * slotBytes;
