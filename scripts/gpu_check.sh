@@ -1,44 +1,76 @@
 #!/usr/bin/env bash
-# The GPU check: one call on a GPU machine (the device tool), under 8 minutes. Builds the CUDA
-# extension, runs the GPU tests (CUDA codec kernels bit for bit against the CPU codec; the fused
-# CUDA-IPC two_step, and the separate kernels over CUDA IPC (QCOMM_IPC_KERNELS=separate), with 2
-# and 4 ranks sharing the one GPU, bit for bit against the reference, streams and Work, a CUDA
-# graph replayed 100 times, calls on different streams, the set-up's agreement on settings; the
-# NCCL transport at world size 1), benchmarks the codec kernels
-# against device-to-device copy (also in the launch variants: QCOMM_CUDA_PREFETCH=1,
-# QCOMM_CUDA_ENCODE_BLOCKS=4, both, QCOMM_CUDA_ENCODE_STAGED=1; side by side), the fused
-# two_step's cost per byte and the separate kernels' side by side (and, profiled, where the fused
-# kernel's time goes in five launch shapes: tile sizes, task-group sizes, the old release fence,
-# the input prefetch), reads the codec kernels'
-# hardware counters with Nsight Compute where ncu may, runs the cost model on what it measured,
-# and writes logs and CSV under $OUT (default out/gpu_check). Uses the machine's python with torch
-# preinstalled (no network there); prints a short table last.
+# The GPU check: one call on a GPU machine (the device tool; wall limit about 540 s). Builds the
+# CUDA extension, checks that C++ exceptions reach Python, then runs the rest in order of what
+# the call is for, so that what the deadline cuts is the least needed:
+#   (a) the codec kernels against device-to-device copy (the goal: >= 0.80x of copy bandwidth
+#       from 64 MiB up), the default kernels' table first, then the launch variants
+#       (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4, both, QCOMM_CUDA_ENCODE_STAGED=1);
+#   (b) the CUDA-IPC two_step's cost per byte, the fused kernel and the separate kernels (2 ranks
+#       as threads), and the two side by side;
+#   (c) the CUDA codec kernels bit for bit against the CPU codec;
+#   (d) the separate kernels over CUDA IPC (QCOMM_IPC_KERNELS=separate), then the fused kernel,
+#       2 and 4 ranks as processes sharing the GPU, bit for bit against the reference (a message
+#       larger than the buffer, streams and Work, a CUDA graph replayed 100 times);
+#   (e) the NCCL transport at world size 1;
+#   (f) the codec kernels' hardware counters under Nsight Compute, where ncu may read them;
+#   (g) where the fused kernel's time goes in five launch shapes (profiled: tile sizes, task-group
+#       sizes, the old release fence, the input prefetch), its tests at the other launch shapes,
+#       the set-up's agreement on settings and calls on different streams, the 4-rank benchmark,
+#       the cost model on what this call measured, and the build's tests (SASS counts).
+# Logs and CSV go under $OUT (default out/gpu_check). Uses the machine's python with torch
+# preinstalled (no network there); prints a table of the steps last.
 #
-# The device tool brings back at most 8 files from $OUT, so on exit everything but the few files
-# read first (KEEP below) is packed into $OUT/details.tar.gz.
+# Time plan (seconds since the start; DEADLINE, default 500, bounds every step's start and end):
+# the machine and the probe ~10, the build up to ~150 (85 on 2026-11-30; capped at 200), so (a)
+# starts by ~160 and (a)-(e) have the 340 s to the deadline. Their caps add up to that, so each
+# gets its whole cap even when every one before it runs to its own:
+#   step                          cap  estimate (from the code)
+#   (a) codec bench                40  ~20: torch and the CUDA context ~10; 3 sizes x (9 default +
+#                                        28 variant timings) x 2 turns, each <= 25 ms
+#   (b) fused bench, separate      30  ~20 each: set-up of 2 thread ranks ~12; 6 timed points
+#       side-by-side table          5  <1 (CSV only)
+#   (c) codec tests                55  ~40: one process, ~75 tests, 4 of them profiled
+#   (d) separate IPC tests         70  ~60: 4 run_ranks (2, 4, 2, 2 processes), each ~10 s to
+#                                        start the processes and ~5 s of work
+#       fused IPC tests            80  ~75: 5 run_ranks (the matrix at 2 and 4 ranks, pieces at
+#                                        the default shape, streams and Work, the graph)
+#   (e) NCCL world-1 tests         30  ~20: 1 run_ranks of 1 process
+# Each step is run under `timeout -k 10 CAP`, its cap cut to what is left before the deadline;
+# with under 15 s left a step is skipped. What (a)-(e) leave goes to (f) (cap 75) and (g): five
+# profiled runs (cap 30 each, ~15), other-shape tests (60; 3 run_ranks, ~45), the set-up tests
+# (150: 8 run_ranks of the agreement test + 1 of streams, ~120: they run only when the build
+# was quick), the 4-rank benchmark (45), the cost model (30 + 30, ~5), the build's tests (60).
+# The last step ends by DEADLINE + 10 s, leaving the 540 s wall ~30 s for the table and packing.
+#
+# The device tool brings back at most 8 files from $OUT: logs and intermediate CSVs are written
+# to a scratch folder, so $OUT never holds more than the KEEP files, and on exit they (and any
+# other file found in $OUT) are packed into $OUT/details.tar.gz. The result line says PASS, FAIL
+# (exit 1), or INCOMPLETE (deadline) (exit 2: nothing failed, but a counted step was cut or
+# skipped at the deadline).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 OUT="${OUT:-$ROOT/out/gpu_check}"
 mkdir -p "$OUT"
+LOGS="$(mktemp -d "${TMPDIR:-/tmp}/qcomm_gpu_check.XXXXXX")"
 KEEP='summary.txt|codec_kernels.csv|codec_variants.csv|fused_two_step.csv|separate_two_step.csv|fused_shapes.csv|ncu_codec.txt|details.tar.gz'
+(IFS='|' && for f in $KEEP; do rm -f "${OUT:?}/$f"; done)  # nothing of an earlier run is read
 # shellcheck disable=SC2317  # pack runs from the EXIT trap
 pack() {  # on every exit, a failed build's too: at most 8 files in $OUT
-  local rc=$? f extra=()
+  local rc=$? f
   for f in "$OUT"/* "$OUT"/.[!.]*; do
     [ -e "$f" ] || continue
-    f=${f##*/}
-    [[ "$f" =~ ^($KEEP)$ ]] || extra+=("$f")
+    [[ "${f##*/}" =~ ^($KEEP)$ ]] || mv "$f" "$LOGS/"
   done
-  if [ ${#extra[@]} -gt 0 ]; then
-    (cd "$OUT" && tar czf details.tar.gz "${extra[@]}" && rm -rf "${extra[@]}")
-  fi
+  tar czf "$OUT/details.tar.gz" -C "$LOGS" . && rm -rf "$LOGS"
   exit "$rc"
 }
 trap pack EXIT
+trap 'exit 143' TERM INT HUP  # still packs
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
-status=0
+status=0      # a counted step failed
+incomplete=0  # a counted step was cut or skipped at the deadline
 CURRENT=""
 RESULTS=()
 step() {
@@ -48,13 +80,15 @@ step() {
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
 step "machine"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
-"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/summary.txt"
+timeout -k 10 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+  | tee -a "$OUT/summary.txt"
+timeout -k 10 60 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
+  | tee -a "$OUT/summary.txt"
 note "CXX=${CXX:-unset}; $(${CXX:-c++} --version 2>/dev/null | head -1)"
 
 build() {
-  QCOMM_CUDA=1 MAX_JOBS="${MAX_JOBS:-16}" timeout 200 "$PY" setup.py -q build_ext --inplace \
-    >"$OUT/build.log" 2>&1
+  QCOMM_CUDA=1 MAX_JOBS="${MAX_JOBS:-16}" timeout -k 10 200 "$PY" setup.py -q build_ext --inplace \
+    >"$LOGS/build.log" 2>&1
 }
 step "build (QCOMM_CUDA=1)"
 # On the device image CXX is /opt/gcc/bin/g++, with which C++ exceptions thrown by the extension
@@ -70,7 +104,8 @@ if build; then
   note "build ok ($((SECONDS - START)) s)"
 else
   note "BUILD FAILED (tail of build.log):"
-  tail -30 "$OUT/build.log" | tee -a "$OUT/summary.txt"
+  tail -30 "$LOGS/build.log" | tee -a "$OUT/summary.txt"
+  note "result: FAIL (the build)"
   exit 1
 fi
 
@@ -78,7 +113,7 @@ fi
 # image it once crashed the process instead (SIGSEGV in test_codec's invalid-argument test, with
 # CXX=/opt/gcc/bin/g++); if it does, rebuild with the system compiler and say so.
 probe() {
-  "$PY" - <<'EOF' 2>&1
+  timeout -k 10 60 "$PY" - <<'EOF' 2>&1
 import torch, qcomm
 try:
     qcomm._C.codec_encode(torch.randn(10), 6, 128, True)
@@ -93,111 +128,89 @@ note "$P (rc=$rc)"
 if [ $rc -ne 0 ]; then  # what the extension and torch were built with, and what they load
   ldd qcomm/_C*.so | grep -E 'stdc|gcc_s|gomp|c10' | tee -a "$OUT/summary.txt"
   strings -a qcomm/_C*.so | grep -m2 "GCC: (" | tee -a "$OUT/summary.txt"
-  "$PY" -c "import torch; print(torch.__config__.show())" 2>&1 | grep -m3 -iE "compiler|gcc" \
-    | tee -a "$OUT/summary.txt"
+  timeout -k 10 60 "$PY" -c "import torch; print(torch.__config__.show())" 2>&1 \
+    | grep -m3 -iE "compiler|gcc" | tee -a "$OUT/summary.txt"
 fi
 if [ $rc -ne 0 ] && [ -x /usr/bin/g++ ] && [ "${CXX:-}" != /usr/bin/g++ ]; then
   note "exceptions crash this build; rebuilding with CXX=/usr/bin/g++ ($(/usr/bin/g++ --version | head -1))"
   export CXX=/usr/bin/g++
   rm -rf build qcomm/_C*.so
   START=$SECONDS
-  build || { note "rebuild failed"; tail -20 "$OUT/build.log" | tee -a "$OUT/summary.txt"; }
+  build || { note "rebuild failed"; tail -20 "$LOGS/build.log" | tee -a "$OUT/summary.txt"; }
   P=$(probe); rc=$?
   note "after rebuild ($((SECONDS - START)) s): $P (rc=$rc)"
 fi
 
 # Every step is bounded, and all of them together by DEADLINE (seconds since the start): a hang
-# in one step costs that step, not the whole call, and the call stays under 8 minutes.
-DEADLINE="${DEADLINE:-450}"
+# in one step costs that step, not the whole call (time plan above).
+DEADLINE="${DEADLINE:-500}"
 budget() {  # budget CAP: the seconds a step may take, or 0 when too little is left
   local left=$((DEADLINE - SECONDS))
   if [ "$left" -lt 15 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
 }
-# run_step CAP LOG CMD...: bounded, logged, counted as a failure when it fails; with OPTIONAL=1
-# (a measurement the machine may not allow) a failure is reported but not counted
+# run_step CAP LOG CMD...: bounded, logged, counted as a failure when it fails, as incomplete
+# when the deadline cut or skipped it; with OPTIONAL=1 (a measurement the machine may not allow,
+# or a table of what earlier steps measured, whose failure they already count) neither is counted
 run_step() {
-  local cap log t fail=FAIL
+  local cap log t fail=FAIL optional=${OPTIONAL:-0}
   cap=$1 log=$2
   shift 2
-  [ "${OPTIONAL:-0}" = 1 ] && fail="not available"
+  [ "$optional" = 1 ] && fail="not available"
   t=$(budget "$cap")
   if [ "$t" -eq 0 ]; then
     note "skipped: the call's deadline (${DEADLINE} s) is near"
-    [ "${OPTIONAL:-0}" = 1 ] || status=1
+    [ "$optional" = 1 ] || incomplete=1
     RESULTS+=("| $CURRENT | skipped (deadline) | 0 |")
     return
   fi
-  local t0=$SECONDS rc
-  timeout "$t" "$@" 2>&1 | tee -a "$log" | tail -15 | tee -a "$OUT/summary.txt"
+  local t0=$SECONDS rc what=ok
+  timeout -k 10 "$t" "$@" 2>&1 | tee -a "$log" | tail -15 | tee -a "$OUT/summary.txt"
   rc=${PIPESTATUS[0]}
-  [ "$rc" -eq 0 ] || [ "${OPTIONAL:-0}" = 1 ] || status=1
-  local what="ok"
-  [ "$rc" -eq 0 ] || what="$fail (exit $rc)"
-  [ "$rc" -eq 124 ] && what="$fail (timed out after $t s)"
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    if [ "$t" -lt "$cap" ]; then  # its own cap was not reached: the deadline cut it
+      what="incomplete (cut at the deadline after $t s)"
+      [ "$optional" = 1 ] || incomplete=1
+    else
+      what="$fail (timed out after $t s)"
+      [ "$optional" = 1 ] || status=1
+    fi
+  elif [ "$rc" -ne 0 ]; then
+    what="$fail (exit $rc)"
+    [ "$optional" = 1 ] || status=1
+  fi
   RESULTS+=("| $CURRENT | $what | $((SECONDS - t0)) |")
 }
 export QCOMM_IPC_SPIN_TIMEOUT_MS="${QCOMM_IPC_SPIN_TIMEOUT_MS:-20000}"  # fail fast, never hang
 export QCOMM_CUDA_QUANTIZE=1  # the quantized CUDA path is opt-in (README, "CUDA tensors")
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs)
-# QUICK=1: the transport tests and the fused two_step's benchmark only (while iterating)
+# QUICK=1: skips (a), (c), (f), the cost model and the build's tests (while iterating)
 QUICK="${QUICK:-0}"
+# the GPU tests only (-m cuda): their CPU-side counterparts run in CI, not on device time.
+# test_cuda_allreduce.py's GPU tests by priority: the set-up's agreement (8 run_ranks) and call
+# ordering run in (g), as do the pieces test at the launch shapes other than the default's
+EXTRA="setup_agrees or different_streams"
+SHAPES="pieces and not 4096-8"
 
+# ---- (a) the codec kernels' throughput: the default table, then the variants (codec_variants.csv)
 if [ "$QUICK" != 1 ]; then
-  step "tests: the build, CUDA codec kernels bit for bit against the CPU codec"
-  run_step 120 "$OUT/tests.log" "${PYTEST[@]}" tests/test_build.py tests/test_cuda_codec.py
-
-  # and each kernel again in the launch variants (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4,
-  # both, QCOMM_CUDA_ENCODE_STAGED=1), side by side with the default (codec_variants.csv)
-  step "CUDA codec kernels vs device-to-device copy (and in the launch variants)"
-  run_step 150 "$OUT/bench.txt" "$PY" benchmarks/cuda_codec_bench.py \
+  step "CUDA codec kernels vs device-to-device copy (then the launch variants)"
+  run_step 40 "$LOGS/bench.txt" "$PY" benchmarks/cuda_codec_bench.py \
     --csv "$OUT/codec_kernels.csv" --variants-csv "$OUT/codec_variants.csv"
 fi
 
-# why the codec kernels run at the speed they do: each one's duration alone, DRAM throughput,
-# occupancy and warp stalls from the hardware counters (Nsight Compute; ncu read them on this
-# workplace's Firecracker machines and not on gVisor ones, so this step may be unavailable)
-if [ "$QUICK" != 1 ]; then
-  step "ncu: the codec kernels' DRAM throughput, occupancy and stalls (64 MiB of fp32)"
-  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)"
-  if [ -z "$NCU" ]; then
-    note "ncu not found: skipped"
-    RESULTS+=("| $CURRENT | not available (no ncu) | 0 |")
-  else
-    OPTIONAL=1 run_step 120 "$OUT/ncu.log" "$NCU" --clock-control none --print-units base \
-      --csv --page raw --log-file "$OUT/ncu_raw.csv" --section SpeedOfLight --section Occupancy \
-      --section LaunchStats --section WarpStateStats \
-      --metrics dram__bytes_read.sum,dram__bytes_write.sum \
-      -k 'regex:encodeKernel|decodeKernel|vectorized_elementwise_kernel' \
-      "$PY" benchmarks/ncu_codec.py run --mib 64
-    OPTIONAL=1 run_step 15 "$OUT/ncu_codec.txt" "$PY" benchmarks/ncu_codec.py report \
-      "$OUT/ncu_raw.csv" "$OUT/ncu.log"
-  fi
-fi
-
-# the GPU tests only (-m cuda): their CPU-side counterparts run in CI, not on device time
-step "tests: the NCCL transport at world size 1"
-run_step 120 "$OUT/tests.log" "${PYTEST[@]}" -m cuda tests/test_collective_algos.py
-
-EXTRA="setup_agrees or different_streams"  # the set-up's agreement, call ordering: run later
-step "tests: the fused CUDA-IPC two_step, 2 and 4 ranks sharing the GPU"
-run_step 240 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "not ($EXTRA) and not separate" \
-  tests/test_cuda_allreduce.py
-
-step "tests: the separate kernels over CUDA IPC (QCOMM_IPC_KERNELS=separate), 2 and 4 ranks"
-run_step 150 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "separate and not ($EXTRA)" \
-  tests/test_cuda_allreduce.py
-
+# ---- (b) the two_step's cost per byte, fused and separate kernels, and the two side by side
 step "fused CUDA-IPC two_step, 2 ranks as threads on the one GPU"
-run_step 90 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+run_step 30 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
   --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
 
 step "separate kernels over CUDA IPC, 2 ranks as threads on the one GPU"
-run_step 90 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+run_step 30 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels separate \
   --sizes-mib 16,64,256 --csv "$OUT/separate_two_step.csv"
+
 step "the fused kernel and the separate kernels side by side (2 ranks, this call)"
-run_step 15 "$OUT/fused.txt" "$PY" - "$OUT" <<'EOF'
+OPTIONAL=1 run_step 5 "$LOGS/fused.txt" "$PY" - "$OUT" <<'EOF'
 import csv, os, sys
 rows = {}
 for kind in ("fused", "separate"):
@@ -216,6 +229,48 @@ for (mib, bits), v in sorted(both.items()):
 print("(one rank's share of the chip's time, as the cost model reads it; > 1: separate is faster)")
 EOF
 
+# ---- (c) the codec kernels bit for bit
+if [ "$QUICK" != 1 ]; then
+  step "tests: CUDA codec kernels bit for bit against the CPU codec"
+  run_step 55 "$LOGS/tests.log" "${PYTEST[@]}" tests/test_cuda_codec.py
+fi
+
+# ---- (d) the CUDA-IPC transport bit for bit: the separate kernels, then the fused kernel
+step "tests: the separate kernels over CUDA IPC (QCOMM_IPC_KERNELS=separate), 2 and 4 ranks"
+run_step 70 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "separate and not ($EXTRA)" \
+  tests/test_cuda_allreduce.py
+
+step "tests: the fused CUDA-IPC two_step, 2 and 4 ranks sharing the GPU"
+run_step 80 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda \
+  -k "not ($EXTRA) and not separate and not ($SHAPES)" tests/test_cuda_allreduce.py
+
+# ---- (e) the NCCL transport
+step "tests: the NCCL transport at world size 1"
+run_step 30 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda tests/test_collective_algos.py
+
+# ---- (f) why the codec kernels run at the speed they do: each one's duration alone, DRAM
+# throughput, occupancy and warp stalls from the hardware counters (Nsight Compute; ncu read them
+# on this workplace's Firecracker machines and not on gVisor ones, so this may be unavailable)
+if [ "$QUICK" != 1 ]; then
+  step "ncu: the codec kernels' DRAM throughput, occupancy and stalls (64 MiB of fp32)"
+  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)"
+  if [ -z "$NCU" ]; then
+    note "ncu not found: skipped"
+    RESULTS+=("| $CURRENT | not available (no ncu) | 0 |")
+  else
+    OPTIONAL=1 run_step 75 "$LOGS/ncu.log" "$NCU" --clock-control none --print-units base \
+      --csv --page raw --log-file "$LOGS/ncu_raw.csv" --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section WarpStateStats \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum \
+      -k 'regex:encodeKernel|decodeKernel|vectorized_elementwise_kernel' \
+      "$PY" benchmarks/ncu_codec.py run --mib 64
+    step "ncu: the report (ncu_codec.txt)"
+    OPTIONAL=1 run_step 15 "$OUT/ncu_codec.txt" "$PY" benchmarks/ncu_codec.py report \
+      "$LOGS/ncu_raw.csv" "$LOGS/ncu.log"
+  fi
+fi
+
+# ---- (g) the rest, as time allows
 # where the fused kernel's time goes (QCOMM_IPC_PROFILE=1), and the launch shapes that may cut it:
 # tiles 4x larger (QCOMM_IPC_TILE_ELEMS: a quarter of the flags, fences and barriers per byte)
 # and task groups of fewer warps (QCOMM_IPC_TASK_WARPS: 2 or 8 independent groups per block, so
@@ -227,19 +282,19 @@ shape() {  # shape TILE TASK_WARPS RELEASE_FENCE PREFETCH
   step "fused CUDA-IPC two_step profiled, tiles of $1 elements, task groups of $2 warps, fence $3, prefetch $4"
   local pf=()
   [ "$4" = 1 ] && pf=(QCOMM_CUDA_PREFETCH=1)
-  run_step 40 "$OUT/fused.txt" env -u QCOMM_CUDA_PREFETCH "${pf[@]}" \
-    QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS=$1 QCOMM_IPC_TASK_WARPS=$2 \
-    QCOMM_IPC_RELEASE_FENCE=$3 "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 \
-    --bits 8/8 --profile --csv "$OUT/fused_shape_tile${1}_tw${2}_rf${3}_pf${4}.csv"
+  run_step 30 "$LOGS/fused.txt" env -u QCOMM_CUDA_PREFETCH "${pf[@]}" \
+    QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS="$1" QCOMM_IPC_TASK_WARPS="$2" \
+    QCOMM_IPC_RELEASE_FENCE="$3" "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 \
+    --bits 8/8 --profile --csv "$LOGS/fused_shape_tile${1}_tw${2}_rf${3}_pf${4}.csv"
 }
-# (five runs of about 15 s: the call's deadline leaves no room for more)
+# (five runs of about 15 s each)
 shape 4096 8 0 0
 shape 16384 8 0 0
 shape 4096 1 0 0
 shape 4096 8 1 0
 shape 4096 8 0 1
 step "fused CUDA-IPC two_step: the launch shapes side by side (64 MiB, 8/8, 2 ranks)"
-run_step 15 "$OUT/fused.txt" "$PY" - "$OUT" <<'EOF'
+OPTIONAL=1 run_step 5 "$LOGS/fused.txt" "$PY" - "$LOGS" "$OUT" <<'EOF'
 import csv, glob, os, re, sys
 rows = []
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "fused_shape_tile*_tw*_rf*_pf*.csv"))):
@@ -251,7 +306,7 @@ if not rows:
 base = next((r[0] for r in rows if r[1:] == (4096, 8, 0, 0)), None)
 print("| tile | task warps | release fence | prefetch | us (both ranks) | x the default |")
 print("|---|---|---|---|---|---|")
-with open(os.path.join(sys.argv[1], "fused_shapes.csv"), "w", newline="") as f:
+with open(os.path.join(sys.argv[2], "fused_shapes.csv"), "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(["tile_elems", "task_warps", "release_fence", "prefetch", "time_us", "x_default"])
     for t, tile, tw, rf, pf in sorted(rows, key=lambda r: r[1:]):
@@ -262,33 +317,52 @@ with open(os.path.join(sys.argv[1], "fused_shapes.csv"), "w", newline="") as f:
 print("(the default: tiles of 4096, task groups of 8 warps, no fence, no prefetch)")
 EOF
 
+step "tests: the fused kernel's pieces at the other launch shapes (tiles, task groups)"
+run_step 60 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "($SHAPES) and not separate" \
+  tests/test_cuda_allreduce.py
+
+# 9 run_ranks (8 of the agreement test, 1 of the ordering test): ~120 s
 step "tests: IPC set-up agreement across ranks, calls on different streams"
-run_step 120 "$OUT/tests.log" "${PYTEST[@]}" -m cuda -k "$EXTRA" tests/test_cuda_allreduce.py
+run_step 150 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "$EXTRA" tests/test_cuda_allreduce.py
 
 step "fused CUDA-IPC two_step, 4 ranks as threads on the one GPU (printed, not fed to the model)"
-run_step 60 "$OUT/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+run_step 45 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 4 --sizes-mib 64
 
 step "cost model on these measurements (8 GPUs, NVLink and PCIe)"
-if [ "$QUICK" != 1 ] && [ -s "$OUT/codec_kernels.csv" ]; then
-  ALL=/tmp/qcomm_kernels_all.csv
-  cat "$OUT/codec_kernels.csv" >"$ALL"
-  [ -s "$OUT/fused_two_step.csv" ] && tail -n +2 "$OUT/fused_two_step.csv" >>"$ALL"
-  run_step 30 "$OUT/cost_model.txt" "$PY" benchmarks/cost_model.py --kernel-csv "$ALL" \
-    --sizes-mib 16,64,256 --algorithms two_step --bits 8/8,4/4
-  if [ -s "$OUT/separate_two_step.csv" ]; then
-    SEP=/tmp/qcomm_kernels_separate.csv
-    cat "$OUT/codec_kernels.csv" >"$SEP"
-    tail -n +2 "$OUT/separate_two_step.csv" >>"$SEP"
-    run_step 30 "$OUT/cost_model.txt" "$PY" benchmarks/cost_model.py --kernel-csv "$SEP" \
+if [ "$QUICK" = 1 ]; then
+  RESULTS+=("| $CURRENT | skipped (QUICK=1) | 0 |")
+elif [ ! -s "$OUT/codec_kernels.csv" ]; then
+  note "skipped: no codec CSV (the codec bench wrote none)"
+  RESULTS+=("| $CURRENT | skipped (no codec CSV) | 0 |")
+else
+  for kind in fused separate; do
+    [ -s "$OUT/${kind}_two_step.csv" ] || { note "no ${kind}_two_step.csv: no cost model of it"; continue; }
+    ALL="$LOGS/kernels_${kind}.csv"
+    cat "$OUT/codec_kernels.csv" >"$ALL"
+    tail -n +2 "$OUT/${kind}_two_step.csv" >>"$ALL"
+    run_step 30 "$LOGS/cost_model.txt" "$PY" benchmarks/cost_model.py --kernel-csv "$ALL" \
       --sizes-mib 16,64,256 --algorithms two_step --bits 8/8,4/4
-  fi
+  done
 fi
 
-step "result: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+# the build's own tests (that the kernels were compiled for sm_90; benchmarks/sass_counts.py,
+# static SASS counts that need cuobjdump, not a GPU): last, as nothing here needs this machine
+if [ "$QUICK" != 1 ]; then
+  step "tests: the build (sm_90 compiled, SASS counts)"
+  run_step 60 "$LOGS/tests.log" "${PYTEST[@]}" tests/test_build.py
+fi
+
+result=PASS
+[ $incomplete -eq 1 ] && result="INCOMPLETE (deadline)"
+[ $status -ne 0 ] && result=FAIL
+[ $status -ne 0 ] && [ $incomplete -eq 1 ] && result="FAIL, and INCOMPLETE (deadline)"
+step "result: $result"
 {
   echo "| step | result | seconds |"
   echo "|---|---|---|"
   printf '%s\n' "${RESULTS[@]}"
 } | tee -a "$OUT/summary.txt"
-exit $status
+[ $status -ne 0 ] && exit 1
+[ $incomplete -eq 1 ] && exit 2
+exit 0
