@@ -22,12 +22,13 @@
 #
 # Time plan (seconds since the start; DEADLINE, default 500, bounds every step's start and end):
 # the machine and the probe ~10, the build up to ~150 (85 on 2026-11-30; capped at 200), so (a)
-# starts by ~160 and (a)-(e) have the 340 s to the deadline. Their caps add up to that, so each
-# gets its whole cap even when every one before it runs to its own:
+# starts by ~160 and (a)-(e) have the 340 s to the deadline. Their caps add up to 390, 50 s
+# more: (a) and (b) decide the issue's goal and the IPC default, so they get room to spare, and
+# only a hang there (with a slow build) could cut (e):
 #   step                          cap  estimate (from the code)
-#   (a) codec bench                40  ~20: torch and the CUDA context ~10; 3 sizes x (9 default +
+#   (a) codec bench                60  ~20: torch and the CUDA context ~10; 3 sizes x (9 default +
 #                                        28 variant timings) x 2 turns, each <= 25 ms
-#   (b) fused bench, separate      30  ~20 each: set-up of 2 thread ranks ~12; 6 timed points
+#   (b) fused bench, separate      40  ~20 each: set-up of 2 thread ranks ~12; 6 timed points
 #       side-by-side table          5  <1 (CSV only)
 #   (c) codec tests                55  ~40: one process, ~75 tests, 4 of them profiled
 #   (d) separate IPC tests         70  ~60: 4 run_ranks (2, 4, 2, 2 processes), each ~10 s to
@@ -194,18 +195,21 @@ SHAPES="pieces and not 4096-8"
 # ---- (a) the codec kernels' throughput: the default table, then the variants (codec_variants.csv)
 if [ "$QUICK" != 1 ]; then
   step "CUDA codec kernels vs device-to-device copy (then the launch variants)"
-  run_step 40 "$LOGS/bench.txt" "$PY" benchmarks/cuda_codec_bench.py \
+  run_step 60 "$LOGS/bench.txt" "$PY" benchmarks/cuda_codec_bench.py \
     --csv "$OUT/codec_kernels.csv" --variants-csv "$OUT/codec_variants.csv"
 fi
 
 # ---- (b) the two_step's cost per byte, fused and separate kernels, and the two side by side
+# Ranks as threads of one process: each rank's side stream should have its own hardware queue, or
+# a rank's kernel could queue behind a peer's spinning barrier kernel (CUDA's default is 8 queues)
+export CUDA_DEVICE_MAX_CONNECTIONS=32
 step "fused CUDA-IPC two_step, 2 ranks as threads on the one GPU"
-run_step 30 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+run_step 40 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
   --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
 
 step "separate kernels over CUDA IPC, 2 ranks as threads on the one GPU"
-run_step 30 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+run_step 40 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels separate \
   --sizes-mib 16,64,256 --csv "$OUT/separate_two_step.csv"
 
