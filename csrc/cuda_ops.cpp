@@ -34,6 +34,26 @@ CodecSpec spec(int bits, int groupSize, bool symmetric, at::ScalarType raw) {
   return CodecSpec{bits, groupSize, symmetric ? 1 : 0, code};
 }
 
+// The fp32 result of n elements: a new tensor like `like`, or the caller's `out` (any contiguous
+// fp32 CUDA view of n elements, possibly misaligned: the kernels' scalar paths).
+at::Tensor floatOut(py::object out, int64_t n, const at::Tensor& like, const char* fn) {
+  if (out.is_none()) return at::empty({n}, like.options().dtype(at::kFloat));
+  at::Tensor o = out.cast<at::Tensor>();
+  TORCH_CHECK_VALUE(
+      o.is_cuda() && o.scalar_type() == at::kFloat && o.is_contiguous() && o.numel() == n,
+      "[qcomm] ", fn, ": `out` must be a contiguous fp32 CUDA tensor of ", n, " elements");
+  return o;
+}
+
+// An encoded block's first byte: its scales are floats, read where the block starts.
+const uint8_t* blockAt(const at::Tensor& bytes, int64_t offset, const char* fn) {
+  const uint8_t* p = bytes.data_ptr<uint8_t>() + offset;
+  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(p) % 4 == 0, "[qcomm] ", fn,
+                    ": an encoded block must start at a multiple of 4 bytes (its scales are "
+                    "floats)");
+  return p;
+}
+
 at::Tensor cudaEncode(const at::Tensor& x, int bits, int groupSize, bool symmetric,
                       py::object noiseSalt, int64_t noiseBase) {
   TORCH_CHECK_VALUE(x.is_cuda(), "[qcomm] cuda_codec_encode takes a CUDA tensor");
@@ -60,18 +80,10 @@ at::Tensor cudaDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSiz
   TORCH_CHECK_VALUE(bytes.numel() == encodedBytes(n, s), "[qcomm] codec: expected ",
                     encodedBytes(n, s), " bytes");
   at::Tensor b = bytes.contiguous();
-  at::Tensor o;
-  if (out.is_none()) {
-    TORCH_CHECK_VALUE(!accumulate, "[qcomm] cuda_codec_decode: accumulate needs `out`");
-    o = at::empty({n}, b.options().dtype(at::kFloat));
-  } else {
-    o = out.cast<at::Tensor>();
-    TORCH_CHECK_VALUE(
-        o.is_cuda() && o.scalar_type() == at::kFloat && o.is_contiguous() && o.numel() == n,
-        "[qcomm] cuda_codec_decode: `out` must be a contiguous fp32 CUDA tensor of ", n,
-        " elements");
-  }
-  check(gpu::decode(b.data_ptr<uint8_t>(), n, s, o.data_ptr<float>(), accumulate,
+  TORCH_CHECK_VALUE(!accumulate || !out.is_none(),
+                    "[qcomm] cuda_codec_decode: accumulate needs `out`");
+  at::Tensor o = floatOut(out, n, b, "cuda_codec_decode");
+  check(gpu::decode(blockAt(b, 0, "cuda_codec_decode"), n, s, o.data_ptr<float>(), accumulate,
                     at::cuda::getCurrentCUDAStream()),
         "decode");
   return o;
@@ -96,13 +108,13 @@ py::tuple cudaHop(const at::Tensor& src, int inBits, int inGroup, bool inSym,
   TORCH_CHECK_VALUE(!inPlace || local.scalar_type() == at::kFloat,
                     "[qcomm] cuda_codec_hop: in_place needs an fp32 `local`");
   at::Tensor s = src.contiguous();
+  const uint8_t* in0 = blockAt(s, 0, "cuda_codec_hop");
   at::Tensor partial = inPlace ? local : at::empty({n}, local.options().dtype(at::kFloat));
   at::Tensor dst = at::empty({encodedBytes(n, out)}, s.options());
   const Noise noise{noiseSalt.is_none() ? 0u : noiseSalt.cast<uint32_t>(), noiseBase,
                     noiseSalt.is_none() ? 0 : 1};
-  check(gpu::decodeAddEncode(s.data_ptr<uint8_t>(), in, local.data_ptr(), localDtype, n,
-                             partial.data_ptr<float>(), out, dst.data_ptr<uint8_t>(), noise,
-                             at::cuda::getCurrentCUDAStream()),
+  check(gpu::decodeAddEncode(in0, in, local.data_ptr(), localDtype, n, partial.data_ptr<float>(),
+                             out, dst.data_ptr<uint8_t>(), noise, at::cuda::getCurrentCUDAStream()),
         "decode-add-encode");
   return py::make_tuple(partial, dst);
 }
@@ -124,20 +136,9 @@ at::Tensor cudaDecodeSum(const at::Tensor& buffer, const std::vector<int64_t>& o
     TORCH_CHECK_VALUE(off >= 0 && off + bytes <= buffer.numel(),
                       "[qcomm] cuda_codec_decode_sum: ", "a block at byte ", off,
                       " does not fit the buffer of ", buffer.numel(), " bytes");
-    TORCH_CHECK_VALUE(off % 4 == 0, "[qcomm] cuda_codec_decode_sum: a block's offset must be a ",
-                      "multiple of 4 (its scales are floats), got ", off);
-    srcs.push_back(buffer.data_ptr<uint8_t>() + off);
+    srcs.push_back(blockAt(buffer, off, "cuda_codec_decode_sum"));
   }
-  at::Tensor o;
-  if (out.is_none()) {
-    o = at::empty({n}, buffer.options().dtype(at::kFloat));
-  } else {
-    o = out.cast<at::Tensor>();
-    TORCH_CHECK_VALUE(
-        o.is_cuda() && o.scalar_type() == at::kFloat && o.is_contiguous() && o.numel() == n,
-        "[qcomm] cuda_codec_decode_sum: `out` must be a contiguous fp32 CUDA tensor of ", n,
-        " elements");
-  }
+  at::Tensor o = floatOut(out, n, buffer, "cuda_codec_decode_sum");
   check(gpu::decodeSum(srcs.data(), int(srcs.size()), n, s, o.data_ptr<float>(),
                        at::cuda::getCurrentCUDAStream()),
         "decode-sum");

@@ -253,10 +253,16 @@ def test_cuda_decode_sum_matches_cpu(bits, sym):
         _C.cuda_codec_decode_sum(
             torch.zeros(64, dtype=torch.uint8, device="cuda"), [], 4, bits, group, sym
         )
-    with pytest.raises(ValueError, match="multiple of 4"):
+    with pytest.raises(ValueError, match="multiple of 4 bytes"):
         _C.cuda_codec_decode_sum(
             torch.zeros(4096, dtype=torch.uint8, device="cuda"), [2], 4, bits, group, sym
         )
+    # a block two bytes into its buffer: refused, not a misaligned load on the GPU
+    enc = _C.cuda_codec_encode(torch.randn(256, device="cuda"), bits, group, sym)
+    skewed = torch.zeros(enc.numel() + 2, dtype=torch.uint8, device="cuda")
+    skewed[2:] = enc
+    with pytest.raises(ValueError, match="multiple of 4 bytes"):
+        _C.cuda_codec_decode(skewed[2:], 256, bits, group, sym)
 
 
 def test_cuda_divide_matches_cpu():
