@@ -1,5 +1,6 @@
 // Python bindings of qcomm._C: the backend class, its configuration and statistics, and the codec
 // entry points the tests compare against qcomm/reference.py.
+#include <c10/core/CPUAllocator.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
@@ -234,22 +235,68 @@ std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<a
   return inputs;
 }
 
+// CPU memory that this thread allocated through c10's CPU allocator (at::empty) while
+// ipc_separate_emulate counts: a call must allocate nothing once its first exchange has begun
+// (with CUDA IPC and ranks as threads, an allocation that synchronises the device could wait for
+// a peer's barrier kernel, which waits for this rank; Collective allocates with the call).
+thread_local int64_t tlCpuAllocations = 0;
+
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t n) override {
+    ++tlCpuAllocations;
+    return base_->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base_->copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* base_;
+};
+
+// Counts through CountingCpuAllocator while it lives (the highest priority, so that it is the
+// allocator at::empty takes; the one before it restored at that priority).
+class CountCpuAllocations {
+ public:
+  CountCpuAllocations() : before_(c10::GetCPUAllocator()), counting_(before_) {
+    c10::SetCPUAllocator(&counting_, kPriority);
+  }
+  ~CountCpuAllocations() { c10::SetCPUAllocator(before_, kPriority); }
+  CountCpuAllocations(const CountCpuAllocations&) = delete;
+  CountCpuAllocations& operator=(const CountCpuAllocations&) = delete;
+
+ private:
+  static constexpr uint8_t kPriority = 255;
+  c10::Allocator* before_;
+  CountingCpuAllocator counting_;
+};
+
 // The separate kernels' exchange on host buffers (HostCopies, ipc_host.h) for the collective path.
 class HostIpcExchange final : public ByteExchange {
  public:
   HostIpcExchange(const IpcTwoStepArgs& a, const IpcExchangeGeometry& g)
       : copies_{a}, x_(copies_, g, copies_.a.buffers, a.rank, a.world) {}
+  // CPU allocations of this thread since its first exchange began (-1: none began)
+  int64_t allocationsSinceFirstExchange() const {
+    return first_ < 0 ? -1 : tlCpuAllocations - first_;
+  }
   void allToAll(at::Tensor& out, at::Tensor& in, const char* what, const uint8_t** parts) override {
+    if (first_ < 0) first_ = tlCpuAllocations;
     check(x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel() / copies_.a.world,
                  false, parts),
           what);
   }
   void allGather(at::Tensor& out, at::Tensor& in, const char* what,
                  const uint8_t** parts) override {
+    if (first_ < 0) first_ = tlCpuAllocations;
     check(x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel(), true, parts), what);
   }
 
  private:
+  int64_t first_ = -1;
   // the record itself is read after every rank's thread has ended
   void check(bool ok, const char* what) {
     TORCH_CHECK(ok, rankPrefix(copies_.a.rank, copies_.a.world), what, ": a barrier gave up");
@@ -279,6 +326,7 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
   std::vector<std::string> failed(ranks.size());
   {
     py::gil_scoped_release noGil;
+    const CountCpuAllocations counting;
     std::vector<std::thread> threads;
     for (size_t i = 0; i < ranks.size(); ++i) {
       threads.emplace_back([&, i]() {
@@ -289,6 +337,9 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
           HostIpcExchange ex(a, g);
           CpuCodecOps ops;
           runTwoStepOver(plan, ex, r, inputs[r], ops);
+          const int64_t late = ex.allocationsSinceFirstExchange();
+          TORCH_CHECK(late == 0, rankPrefix(r, world), "ipc_separate_emulate: the call allocated ",
+                      late, " time(s) after its first exchange began");
         } catch (const std::exception& e) {
           failed[i] = e.what();
         }
