@@ -229,6 +229,11 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   };
   const auto timeout = callTimeout(opts);
   plan.callSeq = callSeq_++;
+  // A non-contiguous input is copied now, on the caller's stream (where it is ready), before the
+  // agreement: after it a peer may already wait in this call's first barrier for this rank, and
+  // with ranks as threads of one process the copy kernel's first launch (lazy loading) or an
+  // allocation that synchronises the device would wait for that peer.
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   Transport control(gloo_.get(), getRank(), getSize(), timeout);
   agreeOnPlan(plan, control);  // host-side, over Gloo: nothing waits for the device
   // an earlier call's kernel gave up: say so before enqueuing more. After the agreement, so that
@@ -256,8 +261,9 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
       // the caller's tensor is used on the side stream: keep its memory from being reused before
       // (recorded before the launch, so that a launch failing part-way is covered too)
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), run);
+      if (!buf.is_same(t))
+        c10::cuda::CUDACachingAllocator::recordStream(buf.storage().data_ptr(), run);
     }
-    at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
     if (useIpc) {
       wire = ipc->run(plan, buf, run.stream(), timeout);
     } else {
