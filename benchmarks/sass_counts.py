@@ -57,6 +57,11 @@ def nvcc_flags() -> list[str]:
     return eval(m.group(1))  # a literal list of strings  # noqa: S307
 
 
+# The toolkit's programs without a preloaded sanitizer runtime (scripts/sanitize.sh preloads ASan
+# for the extension; nvcc crashes under it)
+TOOL_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
 def counts(csrc: str, nvcc: str, cuobjdump: str, work: str) -> dict[str, collections.Counter]:
     cubin = os.path.join(work, "probe.cubin")
     cmd = [
@@ -70,9 +75,9 @@ def counts(csrc: str, nvcc: str, cuobjdump: str, work: str) -> dict[str, collect
         cubin,
         PROBE,
     ]
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, env=TOOL_ENV)
     sass = subprocess.run(
-        [cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True
+        [cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True, env=TOOL_ENV
     ).stdout
     out: dict[str, collections.Counter] = {}
     cur = None
