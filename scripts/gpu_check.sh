@@ -22,18 +22,19 @@
 #
 # Time plan (seconds since the start; DEADLINE, default 500, bounds every step's start and end):
 # the machine and the probe ~10, the build up to ~150 (85 on 2026-11-30; capped at 200), so (a)
-# starts by ~160 and (a)-(e) have the 340 s to the deadline. Their caps add up to 390, 50 s
-# more: (a) and (b) decide the goal and the IPC default, so they get room to spare, and
-# only a hang there (with a slow build) could cut (e):
+# starts by ~160 and (a)-(e) have the 340 s to the deadline. Their caps add up to 465, each
+# about 1.5-2x its estimate: an estimate too low would cut a step deterministically, while a
+# step's cap matters to the later ones only when it hangs (a cap is cut to what is left), and
+# only then, with a slow build, could (d) or (e) be cut:
 #   step                          cap  estimate (from the code)
 #   (a) codec bench                60  ~20: torch and the CUDA context ~10; 3 sizes x (9 default +
 #                                        28 variant timings) x 2 turns, each <= 25 ms
 #   (b) fused bench, separate      40  ~20 each: set-up of 2 thread ranks ~12; 6 timed points
 #       side-by-side table          5  <1 (CSV only)
-#   (c) codec tests                55  ~40: one process, ~75 tests, 4 of them profiled
-#   (d) separate IPC tests         70  ~60: 4 run_ranks (2, 4, 2, 2 processes), each ~10 s to
+#   (c) codec tests                90  ~40: one process, ~75 tests, 4 of them profiled
+#   (d) separate IPC tests         90  ~60: 4 run_ranks (2, 4, 2, 2 processes), each ~10 s to
 #                                        start the processes and ~5 s of work
-#       fused IPC tests            80  ~75: 5 run_ranks (the matrix at 2 and 4 ranks, pieces at
+#       fused IPC tests           110  ~75: 5 run_ranks (the matrix at 2 and 4 ranks, pieces at
 #                                        the default shape, streams and Work, the graph)
 #   (e) NCCL world-1 tests         30  ~20: 1 run_ranks of 1 process
 # Each step is run under `timeout -k 10 CAP`, its cap cut to what is left before the deadline;
@@ -238,16 +239,16 @@ EOF
 # ---- (c) the codec kernels bit for bit
 if [ "$QUICK" != 1 ]; then
   step "tests: CUDA codec kernels bit for bit against the CPU codec"
-  run_step 55 "$LOGS/tests.log" "${PYTEST[@]}" tests/test_cuda_codec.py
+  run_step 90 "$LOGS/tests.log" "${PYTEST[@]}" tests/test_cuda_codec.py
 fi
 
 # ---- (d) the CUDA-IPC transport bit for bit: the separate kernels, then the fused kernel
 step "tests: the separate kernels over CUDA IPC (QCOMM_IPC_KERNELS=separate), 2 and 4 ranks"
-run_step 70 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "separate and not ($EXTRA)" \
+run_step 90 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "separate and not ($EXTRA)" \
   tests/test_cuda_allreduce.py
 
 step "tests: the fused CUDA-IPC two_step, 2 and 4 ranks sharing the GPU"
-run_step 80 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda \
+run_step 110 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda \
   -k "not ($EXTRA) and not separate and not ($SHAPES)" tests/test_cuda_allreduce.py
 
 # ---- (e) the NCCL transport
