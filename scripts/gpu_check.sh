@@ -205,9 +205,8 @@ if [ "$QUICK" != 1 ]; then
 fi
 
 # ---- (b) the two_step's cost per byte, fused and separate kernels, and the two side by side
-# Ranks as threads of one process: each rank's side stream should have its own hardware queue, or
-# a rank's kernel could queue behind a peer's spinning barrier kernel (CUDA's default is 8 queues)
-export CUDA_DEVICE_MAX_CONNECTIONS=32
+# (ranks as threads of one process: the benchmark gives each rank's stream a hardware queue,
+# CUDA_DEVICE_MAX_CONNECTIONS=32 unless set)
 step "fused CUDA-IPC two_step, 2 ranks as threads on the one GPU"
 run_step 40 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
