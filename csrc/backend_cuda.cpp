@@ -89,12 +89,15 @@ int ipcTaskWarps(const std::string& prefix) {
       [](long long n) { return n == 1 || n == 2 || n == 4 || n == 8; }, "1, 2, 4 or 8"));
 }
 
-// QCOMM_IPC_KERNELS: how the CUDA-IPC transport runs two_step: fused (default; one persistent
-// kernel, ipc_two_step.cu) or separate (the NCCL transport's codec kernels, with the bytes copied
-// through the buffers: ipc_exchange.h). The same on every rank (the set-up checks).
+// QCOMM_IPC_KERNELS: how the CUDA-IPC transport runs two_step: separate (default; the NCCL
+// transport's codec kernels, with the bytes copied through the buffers: ipc_exchange.h) or fused
+// (one persistent kernel, ipc_two_step.cu). The same on every rank (the set-up checks). Separate
+// is the default since the H200 timed both side by side (2026-11-30, eighth session: 1.6-2.7x
+// faster from 16 to 256 MiB; benchmarks/RESULTS.md), and its kernels need no co-residency: the
+// fused kernel's blocks all spin on peers at once, so work holding SMs delays every rank.
 bool ipcSeparateKernels(const std::string& prefix) {
   const char* v = std::getenv("QCOMM_IPC_KERNELS");
-  const std::string k = v && *v ? v : "fused";
+  const std::string k = v && *v ? v : "separate";
   TORCH_CHECK_VALUE(k == "fused" || k == "separate", prefix, "invalid QCOMM_IPC_KERNELS '", k,
                     "'; allowed: fused, separate");
   return k == "separate";

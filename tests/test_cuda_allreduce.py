@@ -368,7 +368,7 @@ def _matrix_worker(rank, world):
         problems += _case(rank, world, rs, ag, dtype, numel, i)
     chosen = qcomm.cuda_transport()
     if chosen["transport"] != "ipc" or chosen["kernels"] != os.environ.get(
-        "QCOMM_IPC_KERNELS", "fused"
+        "QCOMM_IPC_KERNELS", "separate"
     ):
         problems.append(f"transport is {chosen}")
     # AVG, symmetric, stochastic rounding, async on the side stream, a large message
@@ -416,6 +416,7 @@ def _pieces_worker(rank, world):
 def test_ipc_message_larger_than_the_buffer_runs_in_pieces(tile, task_warps):
     env = {
         **ENV,
+        "QCOMM_IPC_KERNELS": "fused",  # the launch shapes and the profile are the fused kernel's
         "QCOMM_IPC_BUFFER_MB": "1",
         "QCOMM_IPC_PROFILE": "1",
         "QCOMM_IPC_TILE_ELEMS": tile,
@@ -469,8 +470,11 @@ def _semantics_worker(rank, world):
 
 
 @gpu
-def test_ipc_streams_work_and_errors():
-    _assert_no_problems(_semantics_worker, 2, timeout=300, env=ENV)
+@pytest.mark.parametrize("kernels", ["fused", "separate"])
+def test_ipc_streams_work_and_errors(kernels):
+    _assert_no_problems(
+        _semantics_worker, 2, timeout=300, env={**ENV, "QCOMM_IPC_KERNELS": kernels}
+    )
 
 
 def _ordering_worker(rank, world):
