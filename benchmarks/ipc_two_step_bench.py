@@ -63,6 +63,12 @@ def main() -> int:
     ap.add_argument("--csv", default=None)
     ap.add_argument("--profile", action="store_true", help="per-phase time of the kernel's blocks")
     ap.add_argument("--kernels", default="fused", choices=["fused", "separate"])
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=None,
+        help="blocks per rank (QCOMM_IPC_BLOCKS; default SMs / W - 1: see below)",
+    )
     args = ap.parse_args()
     os.environ["QCOMM_IPC_KERNELS"] = args.kernels  # read at the groups' set-up
     if not (torch.cuda.is_available() and qcomm.compiled_with_cuda()):
@@ -71,8 +77,16 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
     world = args.world
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    # W kernels share one chip: give each 1/W of the SMs so that all their blocks are resident
-    os.environ["QCOMM_IPC_BLOCKS"] = str(max(1, sms // world))
+    # W kernels share one chip: each rank gets a little under 1/W of the SMs, so that the fused
+    # kernels' blocks (one per SM at their register count) are all resident at once. With
+    # exactly SMs / W each, the 4-rank fused run timed out on the H200 in both calls that tried
+    # it (2026-11-30, eighth session: a rank waited for a peer's tiles the whole 5 s bound), while
+    # SMs / W - 1 (32) ran; the 2-rank run ran with either (66 or 65).
+    blocks = args.blocks if args.blocks is not None else max(1, sms // world - 1)
+    if not 1 <= blocks <= sms:
+        print(f"--blocks must be 1..{sms}", file=sys.stderr)
+        return 2
+    os.environ["QCOMM_IPC_BLOCKS"] = str(blocks)
     os.environ["QCOMM_CUDA_QUANTIZE"] = "1"  # the quantized CUDA path is opt-in
     if args.profile:
         os.environ["QCOMM_IPC_PROFILE"] = "1"  # read at the groups' set-up
@@ -129,7 +143,7 @@ def main() -> int:
     print(
         f"# {torch.cuda.get_device_name()}, {world} ranks as threads on one GPU, {args.dtype}, "
         f"{args.kernels} kernels (QCOMM_IPC_KERNELS), "
-        f"{sms // world} blocks per rank, tiles of "
+        f"{blocks} blocks per rank, tiles of "
         f"{os.environ.get('QCOMM_IPC_TILE_ELEMS', '4096')} elements (QCOMM_IPC_TILE_ELEMS), "
         f"task groups of {os.environ.get('QCOMM_IPC_TASK_WARPS', '8')} warps "
         "(QCOMM_IPC_TASK_WARPS), "
