@@ -111,15 +111,21 @@ def test_free_codec_speedup_is_the_byte_ratio(costs, rb, ab, W):
 
 
 def test_infinite_link_codec_binds(costs):
-    inf = cm.Link("inf", math.inf, alpha_us=3.0)
-    for mib in (16, 64, 256, 1024):
-        n = mib * MIB // 2
-        bf = cm.nccl_ring(n, 2, 8, inf, costs).overlap_us
-        for algo in cm.ALGORITHMS:
-            for rb, ab in ((8, 8), (4, 4)):
-                p = cm.predict(algo, n, 8, inf, costs, rb, ab)
-                assert p.link_us == 0 and p.bound == "codec"
-                assert p.overlap_us > bf, (mib, algo, rb)
+    # a free link: nothing is on the wire, the codec binds. With no latency per step either, what
+    # is left is HBM work, and qnccl's codec does more of it than NCCL's ring reduction, so it is
+    # slower. (With latency, two_step's 2 steps against the ring's 2(W-1) can make up for it at
+    # small sizes: with the kernels of 2026-11-30, 16 MiB at alpha 3 us, 63.2 against 64.4 us.)
+    for alpha in (3.0, 0.0):
+        inf = cm.Link("inf", math.inf, alpha_us=alpha)
+        for mib in (16, 64, 256, 1024):
+            n = mib * MIB // 2
+            bf = cm.nccl_ring(n, 2, 8, inf, costs).overlap_us
+            for algo in cm.ALGORITHMS:
+                for rb, ab in ((8, 8), (4, 4)):
+                    p = cm.predict(algo, n, 8, inf, costs, rb, ab)
+                    assert p.link_us == 0 and p.bound == "codec"
+                    if alpha == 0.0:
+                        assert p.overlap_us > bf, (mib, algo, rb)
 
 
 def test_monotonic_in_bandwidth_and_codec_speed(costs):
