@@ -10,7 +10,7 @@ BIN="$(dirname "$PY")"
 echo "[test] format check: ruff (Python), clang-format (C++/CUDA)"
 "$BIN/ruff" check qcomm tests benchmarks scripts
 "$BIN/ruff" format --check qcomm tests benchmarks scripts
-mapfile -t CSRC < <(find csrc tests/native -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
+mapfile -t CSRC < <(find csrc tests/native benchmarks/cuda -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 "$BIN/clang-format" --dry-run -Werror "${CSRC[@]}"
 
 echo "[test] pytest"

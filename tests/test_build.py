@@ -66,3 +66,20 @@ def test_sass_counts_reads_the_slab_encoder_probe():
     for cells in rows:
         total, shfl, stg = int(cells[2]), int(cells[3]), int(cells[-2])
         assert total > 0 and shfl > 0 and stg > 0, out
+
+
+@pytest.mark.skipif(not HAVE_NVCC, reason="no nvcc or no CUDA build of torch: CPU-only build")
+def test_codec_timing_compiles():
+    """benchmarks/cuda/codec_timing.cu (the codec kernels timed without torch, built here and
+    carried to a GPU machine) still compiles against the kernels' launch API, with the flags of
+    scripts/codec_timing.sh (--check: the harness alone; linking the kernels takes ~50 s more)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "CUDA_HOME": cpp_extension.CUDA_HOME}
+    done = subprocess.run(
+        ["bash", os.path.join(root, "scripts", "codec_timing.sh"), "--check"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "the harness compiles" in done.stdout, done.stdout

@@ -118,8 +118,9 @@ def test_cuda_vector_and_scalar_paths_match_cpu(group, dtype):
         {"QCOMM_CUDA_PREFETCH": "1"},
         {"QCOMM_CUDA_ENCODE_BLOCKS": "4"},
         {"QCOMM_CUDA_ENCODE_STAGED": "1"},
+        {"QCOMM_CUDA_FULL_GRID": "1"},
     ],
-    ids=["prefetch", "encode_blocks_4", "encode_staged"],
+    ids=["prefetch", "encode_blocks_4", "encode_staged", "full_grid"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
@@ -127,8 +128,9 @@ def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
     # that every warp of the encoder and every block of the decoder takes several turns, so the
     # next slab or step is prefetched, QCOMM_CUDA_ENCODE_BLOCKS=4 (the encoders compiled for 4
     # blocks per SM, spilling in most variants) and QCOMM_CUDA_ENCODE_STAGED=1 (the encoders'
-    # slabs through shared memory by cp.async, two stages per warp); a partial last slab; the CPU
-    # codec's bytes and values either way
+    # slabs through shared memory by cp.async, two stages per warp), QCOMM_CUDA_FULL_GRID=1 (every
+    # block the work needs, one turn each); a partial last slab; the CPU codec's bytes and values
+    # either way
     for k, v in settings.items():
         monkeypatch.setenv(k, v)
     n = 8 * 2**20 + 77

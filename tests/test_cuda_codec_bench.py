@@ -23,7 +23,7 @@ N = 2**20 // 4  # the elements of 1 MiB of fp32
 
 class FakeTimer:
     """10 us, x0.9 with the prefetch, x0.8 with 4 encode blocks, x0.7 staged (only where the
-    variant applies: the fake encoder notes that it ran); x1.5 the first time a function is timed
+    variant applies: the fake encoder notes that it ran), x0.75 with the full grid; x1.5 the first time a function is timed
     with given settings (a decoder: the second time). `hook(timer)` runs before every timing (it may raise, as a refused launch
     would)."""
 
@@ -44,6 +44,8 @@ class FakeTimer:
         if env.get("QCOMM_CUDA_ENCODE_STAGED") == "1":
             assert self.kernel == "encode", "the staged encoder timed on a decoder"
             t *= 0.7
+        if env.get("QCOMM_CUDA_FULL_GRID") == "1":
+            t *= 0.75
         key = (fn, tuple(env.get(k) for k in bench.SETTINGS))
         self.count[key] = self.count.get(key, 0) + 1
         if self.count[key] == (2 if self.kernel == "decode" else 1):
@@ -112,11 +114,13 @@ def test_default_table_first_then_the_variants(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("QCOMM_CUDA_PREFETCH", "0")  # the caller's own setting
     monkeypatch.delenv("QCOMM_CUDA_ENCODE_BLOCKS", raising=False)
     monkeypatch.setenv("QCOMM_CUDA_ENCODE_STAGED", "1")  # never leaks into another variant
+    monkeypatch.delenv("QCOMM_CUDA_FULL_GRID", raising=False)
     status, main_csv, var_csv = run_bench(monkeypatch, tmp_path, FakeTimer(hook))
     assert status == 0
     assert os.environ["QCOMM_CUDA_PREFETCH"] == "0"
     assert "QCOMM_CUDA_ENCODE_BLOCKS" not in os.environ
     assert os.environ["QCOMM_CUDA_ENCODE_STAGED"] == "1"
+    assert "QCOMM_CUDA_FULL_GRID" not in os.environ
 
     main_rows = rows(main_csv)
     assert [r["kernel"] for r in main_rows] == ["copy"] + ["encode", "decode"] * 4
@@ -134,13 +138,14 @@ def test_default_table_first_then_the_variants(tmp_path, monkeypatch, capsys):
     for r in var_rows:
         assert r["time_us"] == "10.0"
         assert r["speed-up prefetch"] == "1.11"
+        assert r["speed-up full grid"] == "1.33"
         if r["kernel"] == "encode":
             assert (r["speed-up 4 blocks"], r["speed-up both"]) == ("1.25", "1.39")
             assert r["speed-up staged"] == "1.43"
             assert r["best x copy"].endswith("(staged)")
         else:
             assert (r["time_us 4 blocks"], r["time_us both"], r["time_us staged"]) == ("-",) * 3
-            assert r["best x copy"].endswith("(prefetch)")
+            assert r["best x copy"].endswith("(full grid)")
 
 
 def test_a_variant_that_raises_reads_error_and_the_rest_go_on(tmp_path, monkeypatch, capsys):

@@ -4,7 +4,9 @@
 // Decoding: one thread per 4 consecutive elements (one code word in, one float4 out). Unaligned
 // pointers and the last, partial slab take the scalar paths (one warp per group, one thread per
 // element; warp_codec.cuh). Grids are sized to the chip and grid-stride, so any numel works.
+#include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -464,10 +466,18 @@ int64_t elementBlocks(int64_t n, int perThread) {
   return (n + int64_t(kBlock) * perThread - 1) / (int64_t(kBlock) * perThread);
 }
 
+// QCOMM_CUDA_FULL_GRID=1: launch every block the work needs, each taking one turn of its loop,
+// and let the hardware start blocks as others finish, instead of the resident, balanced grid
+// (an experiment until measured on a GPU: at 64 MiB the resident grid's warps take about six turns
+// from one start, so their loads and their arithmetic may alternate chip-wide; read at every
+// launch; the same bytes either way, as every kernel is grid-stride).
+bool fullGrid() { return launchFlag("QCOMM_CUDA_FULL_GRID", "1"); }
+
 // kShared: bytes of dynamic shared memory per block (above 48 KB, after sharedAllowed).
 template <auto kKernel, int kShared = 0, class... Args>
 void launch(int64_t blocksNeeded, cudaStream_t s, Args... args) {
-  const int grid = gridFor<kKernel, kShared>(blocksNeeded);
+  const int grid = fullGrid() ? int(std::min<int64_t>(std::max<int64_t>(blocksNeeded, 1), INT_MAX))
+                              : gridFor<kKernel, kShared>(blocksNeeded);
   QCOMM_LAUNCH_SHARED(kKernel, grid, kBlock, kShared, s)(args...);
 }
 

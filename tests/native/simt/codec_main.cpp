@@ -306,14 +306,19 @@ int main(int argc, char** argv) {
   // (every address the kernels prefetch, their next slab or step, inside what they read),
   // QCOMM_CUDA_ENCODE_BLOCKS=4 (the encoders compiled for 4 blocks per SM), both, and
   // QCOMM_CUDA_ENCODE_STAGED=1 (the encoders' slabs through shared memory by cp.async, each copy
-  // done only at its wait, the stage filled with NaN bytes until then): the same bytes
+  // done only at its wait, the stage filled with NaN bytes until then), and
+  // QCOMM_CUDA_FULL_GRID=1 (every block the work needs, one turn each): the same bytes
   before = cases;
   const int failuresBeforeVariants = failures;
   simt::prefetchHook = simt::checkPrefetch;
-  for (int variant = 1; variant <= 4; ++variant) {
-    if (variant & 1) setenv("QCOMM_CUDA_PREFETCH", "1", 1);
-    if (variant & 2) setenv("QCOMM_CUDA_ENCODE_BLOCKS", "4", 1);
-    if (variant == 4) setenv("QCOMM_CUDA_ENCODE_STAGED", "1", 1);
+  for (int variant = 1; variant <= 5; ++variant) {
+    if (variant == 5) {
+      setenv("QCOMM_CUDA_FULL_GRID", "1", 1);
+    } else {
+      if (variant & 1) setenv("QCOMM_CUDA_PREFETCH", "1", 1);
+      if (variant & 2) setenv("QCOMM_CUDA_ENCODE_BLOCKS", "4", 1);
+      if (variant == 4) setenv("QCOMM_CUDA_ENCODE_STAGED", "1", 1);
+    }
     for (int32_t dtype : dtypes) {
       for (int sym : {1, 0}) {
         checkEncodeDecode(dtype, CodecSpec{8, 128, sym, kFloat32}, 41 * 1024 + 77, 0, false, 1,
@@ -324,6 +329,7 @@ int main(int argc, char** argv) {
     unsetenv("QCOMM_CUDA_PREFETCH");
     unsetenv("QCOMM_CUDA_ENCODE_BLOCKS");
     unsetenv("QCOMM_CUDA_ENCODE_STAGED");
+    unsetenv("QCOMM_CUDA_FULL_GRID");
   }
   // a value a setting does not understand: the default runs (the same bytes), warned once
   setenv("QCOMM_CUDA_ENCODE_STAGED", "yes", 1);
@@ -334,7 +340,8 @@ int main(int argc, char** argv) {
   simt::prefetchHook = nullptr;
   if (simt::prefetches == 0 || simt::strayPrefetches != 0) ++failures;
   std::printf(
-      "launch variants (prefetch, 4 encode blocks, both, staged): %lld cases, %d differences, %lld "
+      "launch variants (prefetch, 4 encode blocks, both, staged, full grid): %lld cases, %d "
+      "differences, %lld "
       "addresses prefetched, %lld outside the tensor read\n",
       (long long)(cases - before), failures - failuresBeforeVariants,
       (long long)simt::prefetches.load(), (long long)simt::strayPrefetches.load());

@@ -1,0 +1,250 @@
+// The codec kernels timed without torch or Python: encode and decode of fp32 messages, group 128,
+// 8/4 bits, asymmetric/symmetric, against cudaMemcpyAsync device to device (bytes read plus
+// written, as benchmarks/cuda_codec_bench.py counts them), in the default launch and in launch
+// variants read at every launch (VARIANTS below). Each variant's bytes and decoded values are
+// compared with the default's. Built by scripts/codec_timing.sh with nvcc alone (no GPU needed to
+// build, no build on the GPU machine: the binary runs wherever a CUDA driver is).
+//
+//     codec_timing [--sizes-mib 64,256,1024] [--iters 20] [--csv out.csv]
+//
+// Timing as in cuda_codec_bench.py: a region of `iters` back-to-back calls behind a queued sleep
+// kernel (so the host's launches are not timed), its mean per call; each kernel, the copy too,
+// timed in 2 turns interleaved with the others and its faster turn kept.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../../csrc/cuda/codec_kernels.h"
+
+namespace {
+
+void check(cudaError_t e, const char* what, int line) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "codec_timing.cu:%d: %s: %s\n", line, what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+#define CHECK(x) check((x), #x, __LINE__)
+
+// Roughly normal values (a sum of four uniforms), a different stream per seed: no zeros, no
+// repeats, so no kernel sees a shortcut a real message would not give it.
+__global__ void fillKernel(float* x, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.0f;
+    for (uint32_t k = 0; k < 4; ++k) {
+      s += float(qcomm::hash32(uint32_t(i) * 4u + k + qcomm::hash32(seed + uint32_t(i >> 32))) >>
+                 8) *
+           (1.0f / 16777216.0f);
+    }
+    x[i] = (s - 2.0f) * 1.7f;
+  }
+}
+
+__global__ void sleepKernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+constexpr long long kSleepCycles = 10000000;  // about 5 ms at 1.98 GHz
+
+struct Variant {
+  const char* name;
+  std::vector<std::pair<const char*, const char*>> env;
+};
+const char* const kSettings[] = {"QCOMM_CUDA_FULL_GRID", "QCOMM_CUDA_ENCODE_BLOCKS",
+                                 "QCOMM_CUDA_PREFETCH", "QCOMM_CUDA_ENCODE_STAGED"};
+const std::vector<Variant> kVariants = {
+    {"default", {}},
+    {"full grid", {{"QCOMM_CUDA_FULL_GRID", "1"}}},
+    {"4 blocks", {{"QCOMM_CUDA_ENCODE_BLOCKS", "4"}}},
+    {"4 blocks, full grid", {{"QCOMM_CUDA_ENCODE_BLOCKS", "4"}, {"QCOMM_CUDA_FULL_GRID", "1"}}},
+};
+
+void apply(const Variant& v) {
+  for (const char* s : kSettings) unsetenv(s);
+  for (const auto& kv : v.env) setenv(kv.first, kv.second, 1);
+}
+
+// Mean time per call, in microseconds, of `iters` calls of fn queued behind a sleep kernel.
+template <class F>
+double region(F fn, int iters, cudaStream_t s, cudaEvent_t a, cudaEvent_t b) {
+  fn();  // warm-up (and the launch's first-time costs)
+  CHECK(cudaStreamSynchronize(s));
+  sleepKernel<<<1, 1, 0, s>>>(kSleepCycles);
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < iters; ++i) fn();
+  CHECK(cudaEventRecord(b, s));
+  CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  return 1000.0 * ms / iters;
+}
+
+std::vector<int64_t> parseList(const char* s) {
+  std::vector<int64_t> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoll(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> sizes = {64, 256, 1024};
+  int iters = 20;
+  const char* csvPath = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--sizes-mib" && i + 1 < argc) {
+      sizes = parseList(argv[++i]);
+    } else if (a == "--iters" && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else if (a == "--csv" && i + 1 < argc) {
+      csvPath = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--sizes-mib 64,256,1024] [--iters 20] [--csv out.csv]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (sizes.empty() || iters < 1) {
+    std::fprintf(stderr, "need at least one size and one iteration\n");
+    return 2;
+  }
+  int dev = 0;
+  cudaDeviceProp prop;
+  CHECK(cudaGetDevice(&dev));
+  CHECK(cudaGetDeviceProperties(&prop, dev));
+  std::printf(
+      "# %s, %d SMs; codec_timing: fp32, group 128; each time the faster of 2 turns of %d "
+      "calls\n",
+      prop.name, prop.multiProcessorCount, iters);
+  FILE* csv = csvPath ? std::fopen(csvPath, "w") : nullptr;
+  if (csvPath && !csv) {
+    std::fprintf(stderr, "cannot write %s\n", csvPath);
+    return 2;
+  }
+  if (csv) std::fprintf(csv, "MiB,kernel,bits,scale,variant,time_us,copy_us,x copy,same bits\n");
+  std::printf("| MiB | kernel | bits | scale | copy us |");
+  for (const Variant& v : kVariants) std::printf(" %s us (x copy) |", v.name);
+  std::printf(" same bits |\n|---|---|---|---|---|");
+  for (size_t k = 0; k < kVariants.size(); ++k) std::printf("---|");
+  std::printf("---|\n");
+
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t ea, eb;
+  CHECK(cudaEventCreate(&ea));
+  CHECK(cudaEventCreate(&eb));
+  bool allSame = true;
+  for (int64_t mib : sizes) {
+    const int64_t n = mib * (int64_t(1) << 20) / 4;
+    float *x = nullptr, *copyDst = nullptr, *out = nullptr, *out0 = nullptr;
+    CHECK(cudaMalloc(&x, n * 4));
+    CHECK(cudaMalloc(&copyDst, n * 4));
+    CHECK(cudaMalloc(&out, n * 4));
+    CHECK(cudaMalloc(&out0, n * 4));
+    fillKernel<<<1024, 256, 0, s>>>(x, n, uint32_t(mib));
+    CHECK(cudaGetLastError());
+    struct Codec {
+      int bits, sym;
+    };
+    for (Codec cd : {Codec{8, 0}, Codec{8, 1}, Codec{4, 0}, Codec{4, 1}}) {
+      const qcomm::CodecSpec c{cd.bits, 128, cd.sym, qcomm::kFloat32};
+      const int64_t bytes = qcomm::encodedBytes(n, c);
+      uint8_t *enc = nullptr, *enc0 = nullptr;
+      CHECK(cudaMalloc(&enc, bytes));
+      CHECK(cudaMalloc(&enc0, bytes));
+      const qcomm::Noise noise{0, 0, 0};
+      apply(kVariants[0]);  // the default's bytes and values, to compare each variant's with
+      CHECK(qcomm::gpu::encode(x, qcomm::kFloat32, n, c, enc0, noise, s));
+      CHECK(qcomm::gpu::decode(enc0, n, c, out0, false, s));
+      CHECK(cudaStreamSynchronize(s));
+      const int V = int(kVariants.size());
+      std::vector<double> encUs(V, 1e30), decUs(V, 1e30);
+      double copyUs = 1e30;
+      for (int turn = 0; turn < 2; ++turn) {
+        apply(kVariants[0]);
+        copyUs = std::min(
+            copyUs,
+            region([&] { CHECK(cudaMemcpyAsync(copyDst, x, n * 4, cudaMemcpyDeviceToDevice, s)); },
+                   iters, s, ea, eb));
+        for (int v = 0; v < V; ++v) {
+          apply(kVariants[v]);
+          encUs[v] = std::min(
+              encUs[v],
+              region([&] { CHECK(qcomm::gpu::encode(x, qcomm::kFloat32, n, c, enc, noise, s)); },
+                     iters, s, ea, eb));
+          decUs[v] = std::min(
+              decUs[v], region([&] { CHECK(qcomm::gpu::decode(enc0, n, c, out, false, s)); }, iters,
+                               s, ea, eb));
+        }
+      }
+      // each variant's bytes and values against the default's
+      std::vector<bool> same(V, true);
+      std::vector<uint8_t> h0(bytes), h1(bytes);
+      std::vector<float> f0(n), f1(n);
+      CHECK(cudaMemcpy(h0.data(), enc0, bytes, cudaMemcpyDeviceToHost));
+      CHECK(cudaMemcpy(f0.data(), out0, n * 4, cudaMemcpyDeviceToHost));
+      for (int v = 1; v < V; ++v) {
+        apply(kVariants[v]);
+        CHECK(cudaMemset(enc, 0xA5, bytes));
+        CHECK(cudaMemset(out, 0xA5, n * 4));
+        CHECK(qcomm::gpu::encode(x, qcomm::kFloat32, n, c, enc, noise, s));
+        CHECK(qcomm::gpu::decode(enc0, n, c, out, false, s));
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaMemcpy(h1.data(), enc, bytes, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(f1.data(), out, n * 4, cudaMemcpyDeviceToHost));
+        same[v] = std::memcmp(h0.data(), h1.data(), bytes) == 0 &&
+                  std::memcmp(f0.data(), f1.data(), n * 4) == 0;
+        allSame = allSame && same[v];
+      }
+      apply(kVariants[0]);
+      const double copyBytes = 2.0 * n * 4;
+      for (int k = 0; k < 2; ++k) {
+        const bool isEnc = k == 0;
+        const double moved = double(n) * 4 + double(bytes);  // read + written, either way round
+        std::printf("| %lld | %s | %d | %s | %.1f |", (long long)mib, isEnc ? "encode" : "decode",
+                    cd.bits, cd.sym ? "sym" : "asym", copyUs);
+        std::string sameCell;
+        for (int v = 0; v < V; ++v) {
+          const double us = isEnc ? encUs[v] : decUs[v];
+          const double ratio = (moved / us) / (copyBytes / copyUs);
+          std::printf(" %.1f (%.2f) |", us, ratio);
+          if (csv) {
+            std::fprintf(csv, "%lld,%s,%d,%s,%s,%.1f,%.1f,%.3f,%s\n", (long long)mib,
+                         isEnc ? "encode" : "decode", cd.bits, cd.sym ? "sym" : "asym",
+                         kVariants[v].name, us, copyUs, ratio, same[v] ? "yes" : "NO");
+          }
+          if (v > 0 && !same[v])
+            sameCell += std::string(sameCell.empty() ? "" : ", ") + "NOT " + kVariants[v].name;
+        }
+        std::printf(" %s |\n", sameCell.empty() ? "yes" : sameCell.c_str());
+        std::fflush(stdout);
+      }
+      if (csv) std::fflush(csv);
+      CHECK(cudaFree(enc));
+      CHECK(cudaFree(enc0));
+    }
+    CHECK(cudaFree(x));
+    CHECK(cudaFree(copyDst));
+    CHECK(cudaFree(out));
+    CHECK(cudaFree(out0));
+  }
+  if (csv) std::fclose(csv);
+  std::printf("%s\n", allSame ? "every variant: the default's bytes and values"
+                              : "SOME VARIANT DIFFERS from the default's bytes or values");
+  return allSame ? 0 : 1;
+}
