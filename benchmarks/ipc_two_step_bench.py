@@ -1,7 +1,8 @@
-"""Cost of the CUDA-IPC two_step on one GPU, the fused kernel (default) or the separate kernels
-(--kernels separate, QCOMM_IPC_KERNELS=separate): W ranks as threads of one process, each with
-its own stream, so their kernels run side by side on the one GPU (processes sharing a GPU would
-time-slice instead, and their timings would mean nothing).
+"""Cost of the CUDA-IPC two_step on one GPU, the fused kernel (this benchmark's default) or the
+separate kernels (--kernels separate; QCOMM_IPC_KERNELS=separate, the transport's default): W
+ranks as threads of one process, each with its own stream, so their kernels run side by side on
+the one GPU (processes sharing a GPU would time-slice instead, and their timings would mean
+nothing).
 
 All W ranks share one GPU's memory bandwidth and SMs, so the time measured here is the time to
 allreduce W messages on one chip: on a node with one GPU per rank, each GPU does 1/W of this work.
