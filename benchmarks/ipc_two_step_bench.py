@@ -144,7 +144,8 @@ def main() -> int:
     print(
         f"# {torch.cuda.get_device_name()}, {world} ranks as threads on one GPU, {args.dtype}, "
         f"{args.kernels} kernels (QCOMM_IPC_KERNELS), "
-        f"{blocks} blocks per rank, tiles of "
+        f"{blocks} blocks per rank, buffers of "
+        f"{os.environ.get('QCOMM_IPC_BUFFER_MB', '32')} MiB (QCOMM_IPC_BUFFER_MB), tiles of "
         f"{os.environ.get('QCOMM_IPC_TILE_ELEMS', '4096')} elements (QCOMM_IPC_TILE_ELEMS), "
         f"task groups of {os.environ.get('QCOMM_IPC_TASK_WARPS', '8')} warps "
         "(QCOMM_IPC_TASK_WARPS), "

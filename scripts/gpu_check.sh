@@ -25,7 +25,7 @@
 #
 # Time plan (seconds since the start; DEADLINE, default 450, bounds every step's start and end):
 # the machine and the probe ~10, the build up to ~150 (85-122 on 2026-11-30; capped at 200), so (a)
-# starts by ~160 and (a)-(e) have the 290 s to the deadline. Their caps add up to 465, each
+# starts by ~160 and (a)-(e) have the 290 s to the deadline. Their caps add up to 505, each
 # about 1.5-2x its estimate: an estimate too low would cut a step deterministically, while a
 # step's cap matters to the later ones only when it hangs (a cap is cut to what is left), and
 # only then, with a slow build, could (d) or (e) be cut:
@@ -33,7 +33,8 @@
 #   (a) codec bench                60  ~20: torch and the CUDA context ~10; 3 sizes x (9 default +
 #                                        36 variant timings) x 2 turns, each <= 25 ms (7 s in all
 #                                        on 2026-11-30 with 28)
-#   (b) fused bench, separate      40  ~20 each: set-up of 2 thread ranks ~12; 6 timed points
+#   (b) fused bench, separate,     40  ~20 each: set-up of 2 thread ranks ~12; 6 timed points (7 s
+#       separate at 128 MiB            each on 2026-11-30)
 #       side-by-side table          5  <1 (CSV only)
 #   (c) codec tests                90  ~40: one process, ~75 tests, 4 of them profiled
 #   (d) separate IPC tests         90  ~55: 5 run_ranks (2, 4, 2, 2, 2 processes), each ~10 s
@@ -220,24 +221,37 @@ run_step 40 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels separate \
   --sizes-mib 16,64,256 --csv "$OUT/separate_two_step.csv"
 
+# the separate kernels with a buffer 4x the default: a rank's slot of 64 MiB of fp32 at 8 bits
+# (8.05 MiB with 2 ranks) is just over the default buffer's round (8 MiB), so it takes two rounds
+# and is copied out of the buffer; with 128 MiB it takes one round, read where it landed
+step "separate kernels over CUDA IPC, 2 ranks, 128 MiB buffers (one round where 32 take two)"
+run_step 40 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_BUFFER_MB=128 \
+  "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels separate \
+  --sizes-mib 16,64,256 --csv "$LOGS/separate_buffer128.csv"
+
 step "the fused kernel and the separate kernels side by side (2 ranks, this call)"
-OPTIONAL=1 run_step 5 "$LOGS/fused.txt" "$PY" - "$OUT" <<'EOF'
+OPTIONAL=1 run_step 5 "$LOGS/fused.txt" "$PY" - "$OUT" "$LOGS" <<'EOF'
 import csv, os, sys
 rows = {}
-for kind in ("fused", "separate"):
-    path = os.path.join(sys.argv[1], f"{kind}_two_step.csv")
+for kind, path in (
+    ("fused", os.path.join(sys.argv[1], "fused_two_step.csv")),
+    ("separate", os.path.join(sys.argv[1], "separate_two_step.csv")),
+    ("buffer128", os.path.join(sys.argv[2], "separate_buffer128.csv")),
+):
     if os.path.exists(path):
         for r in csv.DictReader(open(path)):
             rows.setdefault((int(r["MiB"]), r["bits"]), {})[kind] = float(r["time_us"])
-both = {k: v for k, v in rows.items() if len(v) == 2}
+both = {k: v for k, v in rows.items() if "fused" in v and "separate" in v}
 if not both:
     sys.exit("no pair of results")
-print("| MiB/rank | bits | fused us | separate us | fused / separate |")
-print("|---|---|---|---|---|")
+print("| MiB/rank | bits | fused us | separate us | fused / separate | separate, 128 MiB buffers us |")
+print("|---|---|---|---|---|---|")
 for (mib, bits), v in sorted(both.items()):
+    big = f"{v['buffer128']:.1f}" if "buffer128" in v else "-"
     print(f"| {mib} | {bits} | {v['fused']:.1f} | {v['separate']:.1f} | "
-          f"{v['fused'] / v['separate']:.2f} |")
-print("(one rank's share of the chip's time, as the cost model reads it; > 1: separate is faster)")
+          f"{v['fused'] / v['separate']:.2f} | {big} |")
+print("(one rank's share of the chip's time, as the cost model reads it; > 1: separate is faster;"
+      " buffers of 32 MiB but in the last column)")
 EOF
 
 # ---- (c) the codec kernels bit for bit
