@@ -222,8 +222,9 @@ run_step 40 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   --sizes-mib 16,64,256 --csv "$OUT/separate_two_step.csv"
 
 # the separate kernels with a buffer 4x the default: a rank's slot of 64 MiB of fp32 at 8 bits
-# (8.05 MiB with 2 ranks) is just over the default buffer's round (8 MiB), so it takes two rounds
-# and is copied out of the buffer; with 128 MiB it takes one round, read where it landed
+# (8.5 MiB with 2 ranks; qcomm._C.encoded_bytes) is over the default buffer's round (8 MiB), so
+# it takes two rounds and is copied out of the buffer; with 128 MiB it takes one round, read
+# where it landed
 step "separate kernels over CUDA IPC, 2 ranks, 128 MiB buffers (one round where 32 take two)"
 run_step 40 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_BUFFER_MB=128 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels separate \
