@@ -77,7 +77,7 @@ def number(text: str) -> float | None:
 
 def template_args(kernel: str) -> tuple[str, list[str]] | None:
     """("encode" or "decode", the template arguments) of a codec kernel's demangled name:
-    encodeKernel<T, bits, sym, blocks, staged>, decodeKernel<bits, sym>; bools as true/false
+    encodeKernel<T, bits, sym, blocks, staged>, decodeKernel<bits, sym, unroll>; bools as true/false
     whether the demangler writes `8, false` or `(int)8, (bool)0`. None for other kernels."""
     m = KERNEL.search(kernel)
     if not m:
@@ -88,14 +88,18 @@ def template_args(kernel: str) -> tuple[str, list[str]] | None:
 
 
 def label(kernel: str) -> str:
-    """ "encode 8-bit asym, 3 blocks/SM, staged" from encodeKernel<T, bits, sym, blocks, staged>
-    (decodeKernel<bits, sym>)."""
+    """ "encode 8-bit asym, 3 blocks/SM, staged" from encodeKernel<T, bits, sym, blocks, staged>;
+    "decode 4-bit sym" (", 8 items per thread" where not the default 4) from
+    decodeKernel<bits, sym, unroll>."""
     parsed = template_args(kernel)
     if parsed:
         kind, args = parsed
         if kind == "encode":
             args = args[1:]  # the input type
         sym = "sym" if args[1] == "true" else "asym"
+        if kind == "decode":
+            unroll = f", {args[2]} items per thread" if len(args) > 2 and args[2] != "4" else ""
+            return f"decode {args[0]}-bit {sym}{unroll}"
         blocks = f", {args[2]} blocks/SM" if len(args) > 2 else ""
         staged = ", staged" if len(args) > 3 and args[3] == "true" else ""
         return f"{kind} {args[0]}-bit {sym}{blocks}{staged}"

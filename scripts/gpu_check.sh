@@ -6,7 +6,7 @@
 #   (a) the codec kernels against device-to-device copy (the goal: >= 0.80x of copy bandwidth
 #       from 64 MiB up), the default kernels' table first, then the launch variants
 #       (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4, both, QCOMM_CUDA_ENCODE_STAGED=1,
-#       QCOMM_CUDA_FULL_GRID=1);
+#       QCOMM_CUDA_FULL_GRID=1, 4 blocks with the full grid, QCOMM_CUDA_DECODE_UNROLL=8);
 #   (b) the CUDA-IPC two_step's cost per byte, the fused kernel and the separate kernels (2 ranks
 #       as threads), and the two side by side;
 #   (c) the CUDA codec kernels bit for bit against the CPU codec;
@@ -31,7 +31,7 @@
 # only then, with a slow build, could (d) or (e) be cut:
 #   step                          cap  estimate (from the code)
 #   (a) codec bench                60  ~20: torch and the CUDA context ~10; 3 sizes x (9 default +
-#                                        36 variant timings) x 2 turns, each <= 25 ms (7 s in all
+#                                        44 variant timings) x 2 turns, each <= 25 ms (7 s in all
 #                                        on 2026-11-30 with 28)
 #   (b) fused bench, separate,     40  ~20 each: set-up of 2 thread ranks ~12; 6 timed points (7 s
 #       separate at 128 MiB            each on 2026-11-30)

@@ -119,8 +119,9 @@ def test_cuda_vector_and_scalar_paths_match_cpu(group, dtype):
         {"QCOMM_CUDA_ENCODE_BLOCKS": "4"},
         {"QCOMM_CUDA_ENCODE_STAGED": "1"},
         {"QCOMM_CUDA_FULL_GRID": "1"},
+        {"QCOMM_CUDA_DECODE_UNROLL": "8"},
     ],
-    ids=["prefetch", "encode_blocks_4", "encode_staged", "full_grid"],
+    ids=["prefetch", "encode_blocks_4", "encode_staged", "full_grid", "decode_unroll_8"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
@@ -129,8 +130,8 @@ def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
     # next slab or step is prefetched, QCOMM_CUDA_ENCODE_BLOCKS=4 (the encoders compiled for 4
     # blocks per SM, spilling in most variants) and QCOMM_CUDA_ENCODE_STAGED=1 (the encoders'
     # slabs through shared memory by cp.async, two stages per warp), QCOMM_CUDA_FULL_GRID=1 (every
-    # block the work needs, one turn each); a partial last slab; the CPU codec's bytes and values
-    # either way
+    # block the work needs, one turn each), QCOMM_CUDA_DECODE_UNROLL=8 (8 items per decoder thread
+    # and step); a partial last slab; the CPU codec's bytes and values either way
     for k, v in settings.items():
         monkeypatch.setenv(k, v)
     n = 8 * 2**20 + 77

@@ -23,7 +23,8 @@ N = 2**20 // 4  # the elements of 1 MiB of fp32
 
 class FakeTimer:
     """10 us, x0.9 with the prefetch, x0.8 with 4 encode blocks, x0.7 staged (only where the
-    variant applies: the fake encoder notes that it ran), x0.75 with the full grid; x1.5 the first time a function is timed
+    variant applies: the fake encoder notes that it ran), x0.95 with the full grid, x0.85 with the
+    decoder's 8 items per thread; x1.5 the first time a function is timed
     with given settings (a decoder: the second time). `hook(timer)` runs before every timing (it may raise, as a refused launch
     would)."""
 
@@ -45,7 +46,10 @@ class FakeTimer:
             assert self.kernel == "encode", "the staged encoder timed on a decoder"
             t *= 0.7
         if env.get("QCOMM_CUDA_FULL_GRID") == "1":
-            t *= 0.75
+            t *= 0.95
+        if env.get("QCOMM_CUDA_DECODE_UNROLL") == "8":
+            assert self.kernel == "decode", "the decoder's unroll timed on an encoder"
+            t *= 0.85
         key = (fn, tuple(env.get(k) for k in bench.SETTINGS))
         self.count[key] = self.count.get(key, 0) + 1
         if self.count[key] == (2 if self.kernel == "decode" else 1):
@@ -115,12 +119,14 @@ def test_default_table_first_then_the_variants(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("QCOMM_CUDA_ENCODE_BLOCKS", raising=False)
     monkeypatch.setenv("QCOMM_CUDA_ENCODE_STAGED", "1")  # never leaks into another variant
     monkeypatch.delenv("QCOMM_CUDA_FULL_GRID", raising=False)
+    monkeypatch.setenv("QCOMM_CUDA_DECODE_UNROLL", "4")  # the caller's own setting
     status, main_csv, var_csv = run_bench(monkeypatch, tmp_path, FakeTimer(hook))
     assert status == 0
     assert os.environ["QCOMM_CUDA_PREFETCH"] == "0"
     assert "QCOMM_CUDA_ENCODE_BLOCKS" not in os.environ
     assert os.environ["QCOMM_CUDA_ENCODE_STAGED"] == "1"
     assert "QCOMM_CUDA_FULL_GRID" not in os.environ
+    assert os.environ["QCOMM_CUDA_DECODE_UNROLL"] == "4"
 
     main_rows = rows(main_csv)
     assert [r["kernel"] for r in main_rows] == ["copy"] + ["encode", "decode"] * 4
@@ -138,14 +144,18 @@ def test_default_table_first_then_the_variants(tmp_path, monkeypatch, capsys):
     for r in var_rows:
         assert r["time_us"] == "10.0"
         assert r["speed-up prefetch"] == "1.11"
-        assert r["speed-up full grid"] == "1.33"
+        assert r["speed-up full grid"] == "1.05"
         if r["kernel"] == "encode":
             assert (r["speed-up 4 blocks"], r["speed-up both"]) == ("1.25", "1.39")
             assert r["speed-up staged"] == "1.43"
+            assert r["speed-up 4 blocks, full grid"] == "1.32"
+            assert r["time_us unroll 8"] == "-"
             assert r["best x copy"].endswith("(staged)")
         else:
             assert (r["time_us 4 blocks"], r["time_us both"], r["time_us staged"]) == ("-",) * 3
-            assert r["best x copy"].endswith("(full grid)")
+            assert r["time_us 4 blocks, full grid"] == "-"
+            assert r["speed-up unroll 8"] == "1.18"
+            assert r["best x copy"].endswith("(unroll 8)")
 
 
 def test_a_variant_that_raises_reads_error_and_the_rest_go_on(tmp_path, monkeypatch, capsys):

@@ -52,7 +52,7 @@ KERNELS = [
         "2.1",
     ),
     (
-        "void qcomm::gpu::(anonymous namespace)::decodeKernel<4, true>(const unsigned char *)",
+        "void qcomm::gpu::(anonymous namespace)::decodeKernel<4, true, 4>(const unsigned char *)",
         "9.5",
         "67,108,864",
         "80.1",
@@ -116,6 +116,8 @@ def test_rows_units_and_labels(tmp_path):
     assert (
         ncu_codec.label(staged.replace("3, true>", "4, false>")) == "encode 4-bit sym, 4 blocks/SM"
     )
+    wide = "void qcomm::gpu::(anonymous namespace)::decodeKernel<(int)8, (bool)0, (int)8>(float)"
+    assert ncu_codec.label(wide) == "decode 8-bit asym, 8 items per thread"
     assert enc["us"] == 30.25  # usecond kept as such: 30250 ns / 1e3
     assert dec["us"] == 20.5
     # Mbyte read and byte written, over nanoseconds: GB/s

@@ -64,8 +64,8 @@ def test_codec_kernels_match_cpu_codec_under_emulation(build_dir):
     assert rc == 0 and "differences" in out, out[-4000:]
     assert "all " in out and "bit-identical to the CPU codec" in out, out[-4000:]
     # the launch variants (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4, both,
-    # QCOMM_CUDA_ENCODE_STAGED=1, QCOMM_CUDA_FULL_GRID=1): the same bytes; the kernels did
-    # prefetch, and only inside what they read
+    # QCOMM_CUDA_ENCODE_STAGED=1, QCOMM_CUDA_FULL_GRID=1, QCOMM_CUDA_DECODE_UNROLL=8): the same
+    # bytes; the kernels did prefetch, and only inside what they read
     assert re.search(r"launch variants .*: \d+ cases, 0 differences, [1-9]\d* addresses", out), out
     assert "prefetched, 0 outside the tensor read" in out, out[-4000:]
     # the sum of W encoded copies in one kernel (two_step's owners): 1 to 11 blocks, 11 in two

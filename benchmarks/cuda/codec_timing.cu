@@ -1,7 +1,8 @@
 // The codec kernels timed without torch or Python: encode and decode of fp32 messages, group 128,
 // 8/4 bits, asymmetric/symmetric, against cudaMemcpyAsync device to device (bytes read plus
 // written, as benchmarks/cuda_codec_bench.py counts them), in the default launch and in launch
-// variants read at every launch (VARIANTS below). Each variant's bytes and decoded values are
+// variants read at every launch (kVariants below; a variant that changes only one of the two
+// kernels times the other as the default runs it). Each variant's bytes and decoded values are
 // compared with the default's. Built by scripts/codec_timing.sh with nvcc alone (no GPU needed to
 // build, no build on the GPU machine: the binary runs wherever a CUDA driver is).
 //
@@ -60,12 +61,14 @@ struct Variant {
   std::vector<std::pair<const char*, const char*>> env;
 };
 const char* const kSettings[] = {"QCOMM_CUDA_FULL_GRID", "QCOMM_CUDA_ENCODE_BLOCKS",
-                                 "QCOMM_CUDA_PREFETCH", "QCOMM_CUDA_ENCODE_STAGED"};
+                                 "QCOMM_CUDA_PREFETCH", "QCOMM_CUDA_ENCODE_STAGED",
+                                 "QCOMM_CUDA_DECODE_UNROLL"};
 const std::vector<Variant> kVariants = {
     {"default", {}},
     {"full grid", {{"QCOMM_CUDA_FULL_GRID", "1"}}},
     {"4 blocks", {{"QCOMM_CUDA_ENCODE_BLOCKS", "4"}}},
     {"4 blocks, full grid", {{"QCOMM_CUDA_ENCODE_BLOCKS", "4"}, {"QCOMM_CUDA_FULL_GRID", "1"}}},
+    {"decode unroll 8", {{"QCOMM_CUDA_DECODE_UNROLL", "8"}}},
 };
 
 void apply(const Variant& v) {

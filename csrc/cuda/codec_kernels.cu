@@ -170,9 +170,11 @@ __global__ void divideKernel(float* x, int64_t n, float divisor) {
 }
 
 // Item i is elements 4i..4i+3 (one group: groupSize is a multiple of 4). Each loop step of a
-// block covers kDecodeUnroll * kBlock consecutive items, thread t items t, t + kBlock, ..., so
-// every load and store instruction of a warp touches one contiguous range.
-template <int kBits, bool kSym>
+// block covers kUnroll * kBlock consecutive items, thread t items t, t + kBlock, ..., so every
+// load and store instruction of a warp touches one contiguous range. kUnroll: kDecodeUnroll, or 8
+// with QCOMM_CUDA_DECODE_UNROLL=8 (an experiment until timed on a GPU: twice the code loads in
+// flight per thread, for the 4-bit decoders, whose loads are 2 bytes per item).
+template <int kBits, bool kSym, int kUnroll>
 __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int64_t n, CodecSpec c,
                                                        float* out, bool accumulate, bool prefetch) {
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -183,10 +185,10 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
   const int shift = __ffs(c.groupSize) - 1;
   const bool vec = slabGroupSize(c.groupSize, 4) && aligned(out, 16) && aligned(data, kBits / 2);
   const int64_t items = vec ? n / 4 : 0;
-  const int64_t step = int64_t(gridDim.x) * (kBlock * kDecodeUnroll);
+  const int64_t step = int64_t(gridDim.x) * (kBlock * kUnroll);
   // a step's codes: kStepItems items of 4 codes; its parameters: one line of scales (and one of
   // mids) when a step's groups fit in one, as they do from groups of 128 up
-  constexpr int kStepItems = kBlock * kDecodeUnroll;
+  constexpr int kStepItems = kBlock * kUnroll;
   constexpr int kStepCodeLines = kStepItems * 4 * kBits / 8 / 128;
   for (int64_t first = int64_t(blockIdx.x) * kStepItems + threadIdx.x; first < items;
        first += step) {
@@ -204,16 +206,16 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
     // a whole step (every step of the grid but the last ones) needs no bound per item, and its
     // items' groups are g0 + u * (4 kBlock >> shift): 4 kBlock = 1024 elements is a multiple of
     // every group size, so one shift serves the step
-    const bool whole = first + (kDecodeUnroll - 1) * kBlock < items;
+    const bool whole = first + (kUnroll - 1) * kBlock < items;
     auto decodeStep = [&](auto wholeStep) {
       constexpr bool kWhole = decltype(wholeStep)::value;
-      uint32_t q[kDecodeUnroll][4];
-      GroupParams p[kDecodeUnroll];
+      uint32_t q[kUnroll][4];
+      GroupParams p[kUnroll];
       if (kWhole) {
         const int64_t g0 = (4 * first) >> shift;
         const int gStep = (4 * kBlock) >> shift;
 #pragma unroll
-        for (int u = 0; u < kDecodeUnroll; ++u) {
+        for (int u = 0; u < kUnroll; ++u) {
           loadCodes4<kBits>(data, 4 * (first + u * kBlock), q[u]);
           p[u] = loadParamsAt<kSym>(meta, groups, g0 + u * gStep);
         }
@@ -225,12 +227,12 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
       // per element fewer
       bool finite = true;
 #pragma unroll
-      for (int u = 0; u < kDecodeUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         finite &= (!kWhole && first + u * kBlock >= items) | decodesFinite<kSym>(p[u]);
       }
       auto items4 = [&](auto decodeCode) {
 #pragma unroll
-        for (int u = 0; u < kDecodeUnroll; ++u) {
+        for (int u = 0; u < kUnroll; ++u) {
           const int64_t i = first + u * kBlock;
           if (kWhole || i < items) {
             float4 v;
@@ -519,6 +521,10 @@ bool prefetchOn() { return launchFlag("QCOMM_CUDA_PREFETCH", "1"); }
 // encodeKernel; read at every launch, so that a benchmark can compare both; the same bytes).
 bool fourEncodeBlocks() { return launchFlag("QCOMM_CUDA_ENCODE_BLOCKS", "4", "3"); }
 
+// QCOMM_CUDA_DECODE_UNROLL=8: the decoder takes 8 items per thread and loop step rather than
+// kDecodeUnroll (see decodeKernel; read at every launch; the same values).
+bool decodeUnroll8() { return launchFlag("QCOMM_CUDA_DECODE_UNROLL", "8", "4"); }
+
 // QCOMM_CUDA_ENCODE_STAGED=1: the encoders stage their slabs in shared memory (see encodeKernel;
 // read at every launch; the same bytes). It takes precedence over QCOMM_CUDA_ENCODE_BLOCKS and
 // QCOMM_CUDA_PREFETCH; where the device refuses the shared memory, the default encoder runs.
@@ -617,10 +623,16 @@ cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out
       launchRawToFloat(reinterpret_cast<const bf16_t*>(src), n, out, accumulate, stream);
     return cudaGetLastError();
   }
+  const bool prefetch = prefetchOn();
   withCodec(c, [&](auto k) {
     using K = decltype(k);
-    launch<decodeKernel<K::bits, K::sym>>(elementBlocks(n, 4 * kDecodeUnroll), stream, src, n, c,
-                                          out, accumulate, prefetchOn());
+    if (decodeUnroll8()) {
+      launch<decodeKernel<K::bits, K::sym, 8>>(elementBlocks(n, 4 * 8), stream, src, n, c, out,
+                                               accumulate, prefetch);
+    } else {
+      launch<decodeKernel<K::bits, K::sym, kDecodeUnroll>>(
+          elementBlocks(n, 4 * kDecodeUnroll), stream, src, n, c, out, accumulate, prefetch);
+    }
   });
   return cudaGetLastError();
 }
@@ -646,7 +658,8 @@ cudaError_t codecPreload() {
   };
   eachCodec([&](auto k) {
     using K = decltype(k);
-    load(decodeKernel<K::bits, K::sym>);
+    load(decodeKernel<K::bits, K::sym, kDecodeUnroll>);
+    load(decodeKernel<K::bits, K::sym, 8>);
     load(decodeSumKernel<K::bits, K::sym>);
     eachType([&](auto t) {
       using T = std::remove_pointer_t<decltype(t)>;

@@ -307,13 +307,16 @@ int main(int argc, char** argv) {
   // QCOMM_CUDA_ENCODE_BLOCKS=4 (the encoders compiled for 4 blocks per SM), both, and
   // QCOMM_CUDA_ENCODE_STAGED=1 (the encoders' slabs through shared memory by cp.async, each copy
   // done only at its wait, the stage filled with NaN bytes until then), and
-  // QCOMM_CUDA_FULL_GRID=1 (every block the work needs, one turn each): the same bytes
+  // QCOMM_CUDA_FULL_GRID=1 (every block the work needs, one turn each), and
+  // QCOMM_CUDA_DECODE_UNROLL=8 (8 items per decoder thread and step): the same bytes
   before = cases;
   const int failuresBeforeVariants = failures;
   simt::prefetchHook = simt::checkPrefetch;
-  for (int variant = 1; variant <= 5; ++variant) {
+  for (int variant = 1; variant <= 6; ++variant) {
     if (variant == 5) {
       setenv("QCOMM_CUDA_FULL_GRID", "1", 1);
+    } else if (variant == 6) {
+      setenv("QCOMM_CUDA_DECODE_UNROLL", "8", 1);
     } else {
       if (variant & 1) setenv("QCOMM_CUDA_PREFETCH", "1", 1);
       if (variant & 2) setenv("QCOMM_CUDA_ENCODE_BLOCKS", "4", 1);
@@ -330,6 +333,7 @@ int main(int argc, char** argv) {
     unsetenv("QCOMM_CUDA_ENCODE_BLOCKS");
     unsetenv("QCOMM_CUDA_ENCODE_STAGED");
     unsetenv("QCOMM_CUDA_FULL_GRID");
+    unsetenv("QCOMM_CUDA_DECODE_UNROLL");
   }
   // a value a setting does not understand: the default runs (the same bytes), warned once
   setenv("QCOMM_CUDA_ENCODE_STAGED", "yes", 1);
@@ -340,7 +344,8 @@ int main(int argc, char** argv) {
   simt::prefetchHook = nullptr;
   if (simt::prefetches == 0 || simt::strayPrefetches != 0) ++failures;
   std::printf(
-      "launch variants (prefetch, 4 encode blocks, both, staged, full grid): %lld cases, %d "
+      "launch variants (prefetch, 4 encode blocks, both, staged, full grid, decode unroll 8): %lld "
+      "cases, %d "
       "differences, %lld "
       "addresses prefetched, %lld outside the tensor read\n",
       (long long)(cases - before), failures - failuresBeforeVariants,
