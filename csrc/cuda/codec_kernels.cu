@@ -624,14 +624,18 @@ cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out
     return cudaGetLastError();
   }
   const bool prefetch = prefetchOn();
+  const bool wide = decodeUnroll8();
   withCodec(c, [&](auto k) {
     using K = decltype(k);
-    if (decodeUnroll8()) {
-      launch<decodeKernel<K::bits, K::sym, 8>>(elementBlocks(n, 4 * 8), stream, src, n, c, out,
-                                               accumulate, prefetch);
+    auto run = [&](auto unroll) {
+      constexpr int kU = decltype(unroll)::value;
+      launch<decodeKernel<K::bits, K::sym, kU>>(elementBlocks(n, 4 * kU), stream, src, n, c, out,
+                                                accumulate, prefetch);
+    };
+    if (wide) {
+      run(std::integral_constant<int, 8>{});
     } else {
-      launch<decodeKernel<K::bits, K::sym, kDecodeUnroll>>(
-          elementBlocks(n, 4 * kDecodeUnroll), stream, src, n, c, out, accumulate, prefetch);
+      run(std::integral_constant<int, kDecodeUnroll>{});
     }
   });
   return cudaGetLastError();
