@@ -70,7 +70,8 @@ def test_cuda_stochastic_matches_cpu(bits, sym):
 
 def _special(n, seed):
     """Normal values with NaN, +-Inf, constant groups, zeros of both signs, huge and denormal
-    values at fixed spots (tests/native/simt/codec_main.cpp places them alike)."""
+    values, and groups a few fp32 ulps wide (the asymmetric encoders keep their clamp there) at
+    fixed spots (tests/native/simt/codec_main.cpp places them alike)."""
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 3
     fmax = torch.finfo(torch.float32).max
     spots = {0: float("nan"), 40: float("inf"), 300: float("-inf"), 3000: 1e4}
@@ -85,6 +86,12 @@ def _special(n, seed):
     x[huge] = fmax * torch.sin(i[huge].float())
     tiny = (i >= 2560) & (i < 2816)
     x[tiny] = 1e-42 * (i[tiny] % 7 - 3).float()
+    # 1000 and -0.37 moved i % 7 ulps towards +inf (codec.h asymCodesInRange refuses some)
+    few = (i >= 3072) & (i < 3584)
+    k = (i[few] % 7).to(torch.int32)
+    up = torch.tensor(1000.0).view(torch.int32) + k
+    down = torch.tensor(-0.37).view(torch.int32) - k
+    x[few] = torch.where(i[few] < 3328, up, down).view(torch.float32)
     return x
 
 

@@ -15,6 +15,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "warp_codec.cuh"
 
 namespace qcomm {
@@ -276,8 +278,9 @@ __device__ __forceinline__ SlabStat shuffleStat(SlabStat s, int laneMask) {
 //      paramsFromMinMax, the reciprocal) once, where every lane used to compute those of all kU
 //      vectors; its first holder stores them; every lane then fetches each vector's parameters
 //      from a holder with one shuffle per value.
-//   4. Each element's code (quantizeWithReciprocal, or quantizeScaled / quantizeStochastic /
-//      zeroScaleCode as codec.h encodeGroupT decides), stored with wide stores.
+//   4. Each element's code (quantizeWithReciprocal, without its clamp where codec.h
+//      asymCodesInRange allows, or quantizeScaled / quantizeStochastic / zeroScaleCode as codec.h
+//      encodeGroupT decides), stored with wide stores.
 // min, max and the non-finite flag do not depend on the order of reduction, and the parameters
 // are codec.h's functions of them, so the bytes are the CPU loop's.
 template <int kBits, bool kSym, int kVec>
@@ -353,6 +356,9 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
     held = paramsFromMinMax(st[0].lo, st[0].hi, nonFinite(st[0].lo) | nonFinite(st[0].hi), kBits);
   }
   const float heldRcp = fastScaleRange(held.scale) ? 1.0f / held.scale : 0.0f;
+  // asymmetric: whether the held group's codes need no clamp (codec.h asymCodesInRange, from its
+  // minimum and maximum)
+  const bool heldInRange = kSym || asymCodesInRange<kBits>(st[0].lo, st[0].hi, held, heldRcp);
   // its first holder stores them: the segment's lowest lane of vector j, and of a run's first j
   if ((lane & ((1 << jShift) - 1)) == 0 && heldJ % vecsPerGroup == 0) {
     const int64_t e = base + heldJ * kTile + (seg << segShift) * kVec;
@@ -360,20 +366,25 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
   }
 
   // 4. every vector: its group's parameters from a holder, then the codes. Every group of the
-  //    slab has a holder, so when every lane's held group takes the reciprocal path (one ballot;
-  //    the common case) the vectors skip their own tests
-  const bool allFast =
-      __ballot_sync(0xffffffffu, !noise.on && fastScaleRange(held.scale)) == 0xffffffffu;
+  //    slab has a holder, so when every lane's held group takes the reciprocal path and needs no
+  //    clamp (one ballot; the common case) the vectors skip their own tests and the clamp
+  const bool allFast = __ballot_sync(0xffffffffu, !noise.on && fastScaleRange(held.scale) &&
+                                                      heldInRange) == 0xffffffffu;
   auto fetch = [&](int j, GroupParams& p, float& rcp) {
     const int holder = (seg << segShift) | (j << jShift);
     p.scale = __shfl_sync(0xffffffffu, held.scale, holder);
     p.mid = kSym ? 0.0f : __shfl_sync(0xffffffffu, held.mid, holder);
     rcp = __shfl_sync(0xffffffffu, heldRcp, holder);
   };
-  auto reciprocalCodes = [&](int j, const GroupParams& p, float rcp) {
+  // the codes of vector j by the reciprocal, clamped (quantizeWithReciprocal) or, where every
+  // group of the slab passed asymCodesInRange, not (quantizeInRange): the same codes
+  auto reciprocalCodes = [&](int j, const GroupParams& p, float rcp, auto inRange) {
     uint32_t q[kVec];
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) q[k] = quantizeWithReciprocal<kBits, kSym>(v[j][k], p, rcp);
+    for (int k = 0; k < kVec; ++k) {
+      q[k] = decltype(inRange)::value ? quantizeInRange<kBits, kSym>(v[j][k], p, rcp)
+                                      : quantizeWithReciprocal<kBits, kSym>(v[j][k], p, rcp);
+    }
     storeCodes<kBits, kVec>(t.data, base + j * kTile + lane * kVec, q);
   };
   if (allFast) {
@@ -382,7 +393,7 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
       GroupParams p;
       float rcp;
       fetch(j, p, rcp);
-      reciprocalCodes(j, p, rcp);
+      reciprocalCodes(j, p, rcp, std::true_type{});
     }
     return;
   }
@@ -395,7 +406,7 @@ __device__ __forceinline__ void encodeSlab(const float (&v)[kSlab / (kWarp * kVe
     const bool finite = paramsFinite(p);
     const bool constant = finite && p.scale == 0.0f;
     if (finite && !noise.on && fastScaleRange(p.scale)) {
-      reciprocalCodes(j, p, rcp);
+      reciprocalCodes(j, p, rcp, std::false_type{});
       continue;
     }
     uint32_t q[kVec];

@@ -70,6 +70,13 @@ std::vector<float> values(int64_t n, std::mt19937& gen, int variant) {
     for (int64_t i = 2816; i < n && i < 2944; ++i)
       v[size_t(i)] = (i & 1 ? big : -big) / float(1 + i % 3);
     if (n > 3000) v[3000] = 1e4f;  // an outlier
+    // groups a few fp32 ulps wide: their scale is mostly rounding, so some codes fall outside
+    // [0, L] before the clamp (codec.h asymCodesInRange refuses them; the encoders keep the clamp)
+    for (int64_t i = 3072; i < n && i < 3584; ++i) {
+      float x = i < 3328 ? 1000.0f : -0.37f;
+      for (int u = int(i % 7); u > 0; --u) x = std::nextafter(x, INFINITY);
+      v[size_t(i)] = x;
+    }
   }
   return v;
 }
@@ -203,25 +210,58 @@ void checkHop(int32_t dtype, const CodecSpec& in, const CodecSpec& outSpec, int6
 
 }  // namespace
 
+// Asymmetric groups that codec.h asymCodesInRange lets skip the clamp, and ones it does not.
+int64_t inRangeGroups = 0, clampedGroups = 0;
+
 // n values per codec variant: group parameters drawn as the encoder makes them (from a random
-// absmax, or a random min and max), scales from 2^-60 to 2^60, values on the rounding boundaries
-// of the scaled code line and a few ulps either side, uniform in the group's range, and tiny.
+// absmax, or a random min and max; asymmetric: a quarter of the groups only 1 to 8 ulps wide,
+// where the clamp can matter), scales from 2^-60 to 2^60, values on the rounding boundaries of the
+// scaled code line and a few ulps either side, uniform in the group's range, and tiny. Asymmetric
+// groups that pass asymCodesInRange also get quantizeInRange (no clamp) checked, on the group's
+// values and on its minimum and maximum.
 template <int kBits, bool kSym>
 void checkReciprocal(int64_t n, std::mt19937& gen) {
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> expo(-58, 58), ulps(-3, 3), kind(0, 3);
+  std::uniform_int_distribution<int> expo(-58, 58), ulps(-3, 3), kind(0, 3), width(1, 8);
   const float levels = kSym ? 2.0f * qmaxSym(kBits) : levelsAsym(kBits);
   int shown = 0;
+  auto compare = [&](const char* what, float v, const GroupParams& p, uint32_t want, uint32_t got) {
+    ++cases;
+    if (want != got) {
+      ++failures;
+      if (shown++ < 5) {
+        std::fprintf(stderr, "DIFFER %s bits=%d sym=%d v=%a scale=%a mid=%a: %u vs %u\n", what,
+                     kBits, int(kSym), v, p.scale, p.mid, want, got);
+      }
+    }
+  };
   for (int64_t i = 0; i < n; ++i) {
     GroupParams p;
     const float span = std::ldexp(1.0f + 0.999f * std::fabs(unit(gen)), expo(gen));
+    float lo = 0.0f, hi = 0.0f;
     if (kSym) {
       p = paramsFromAbsmax(span, 0, kBits);
     } else {
-      const float lo = span * unit(gen);
-      p = paramsFromMinMax(lo, lo + span, 0, kBits);
+      lo = span * unit(gen);
+      hi = lo + span;
+      if (i % 4 == 3) {  // a group a few ulps wide
+        hi = lo;
+        for (int u = width(gen); u > 0; --u) hi = std::nextafter(hi, INFINITY);
+      }
+      p = paramsFromMinMax(lo, hi, 0, kBits);
     }
     if (!fastScaleRange(p.scale)) continue;
+    const float rcp = 1.0f / p.scale;
+    const bool inRange = !kSym && asymCodesInRange<kBits>(lo, hi, p, rcp);
+    if (!kSym) {
+      ++(inRange ? inRangeGroups : clampedGroups);
+      if (inRange) {
+        compare("in-range lo", lo, p, quantizeScaled<kBits, kSym>(lo, p),
+                quantizeInRange<kBits, kSym>(lo, p, rcp));
+        compare("in-range hi", hi, p, quantizeScaled<kBits, kSym>(hi, p),
+                quantizeInRange<kBits, kSym>(hi, p, rcp));
+      }
+    }
     float v;
     switch (kind(gen)) {
       case 0: {  // a rounding boundary of the code line, nudged by a few ulps
@@ -244,15 +284,11 @@ void checkReciprocal(int64_t n, std::mt19937& gen) {
     // symmetric: the encoders quantize only values of the group, |v| <= its absmax (span); the
     // boundaries past qmax - 1/2 then come from v = +-span
     if (kSym && std::fabs(v) > span) v = std::copysign(span, v);
-    ++cases;
     const uint32_t want = quantizeScaled<kBits, kSym>(v, p);
-    const uint32_t got = quantizeWithReciprocal<kBits, kSym>(v, p, 1.0f / p.scale);
-    if (want != got) {
-      ++failures;
-      if (shown++ < 5) {
-        std::fprintf(stderr, "DIFFER quantize bits=%d sym=%d v=%a scale=%a mid=%a: %u vs %u\n",
-                     kBits, int(kSym), v, p.scale, p.mid, want, got);
-      }
+    compare("quantize", v, p, want, quantizeWithReciprocal<kBits, kSym>(v, p, rcp));
+    // without the clamp only for values of the group: v in [lo, hi]
+    if (inRange && v >= lo && v <= hi) {
+      compare("in-range", v, p, want, quantizeInRange<kBits, kSym>(v, p, rcp));
     }
   }
 }
@@ -447,6 +483,13 @@ int main(int argc, char** argv) {
   checkReciprocal<4, false>(perCodec, gen);
   std::printf("quantize with reciprocal: %lld values, %d differences\n",
               (long long)(cases - before), failures - failuresBefore3);
+  // the unclamped path must have been taken, and refused, for the check to mean anything
+  std::printf("asymmetric groups without the clamp: %lld, with it: %lld\n",
+              (long long)inRangeGroups, (long long)clampedGroups);
+  if (inRangeGroups == 0 || clampedGroups == 0) {
+    std::fprintf(stderr, "FAIL: asymCodesInRange took only one side\n");
+    ++failures;
+  }
   if (failures == 0)
     std::printf("all %lld cases bit-identical to the CPU codec\n", (long long)cases);
   return failures == 0 ? 0 : 1;
