@@ -3,8 +3,9 @@
 // accumulate) and the fused ring hop (partial sums and re-encoded bytes), for every dtype, bit
 // width, symmetry and group size, sizes with and without a partial last slab, aligned and
 // misaligned pointers (the vector and the scalar paths), stochastic rounding, and inputs with
-// non-finite values, constant groups, zeros of both signs, huge and denormal values. Prints one
-// line per family and exits non-zero at the first difference, naming the case and the byte.
+// non-finite values, constant groups, zeros of both signs, huge and denormal values, and groups a
+// few ulps wide. Prints one line per family and exits non-zero at the first difference, naming the
+// case and the byte.
 #include <ATen/Parallel.h>
 
 #include <cmath>
