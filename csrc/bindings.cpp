@@ -446,6 +446,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
         py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat);
   m.def("cast_from_float", &castFloat, py::arg("x"), py::arg("dtype"));
+  // the CPU codec loops' instruction set (codec_cpu.h): those this CPU has, the one in use, and a
+  // switch (tests and benchmarks compare them; users set QCOMM_CPU_ISA)
+  m.def("cpu_isas", &cpuIsas);
+  m.def("cpu_isa", &cpuIsa);
+  m.def("set_cpu_isa", &setCpuIsa, py::arg("name"));
   m.def("cast_to_float", &castToFloatT, py::arg("x"));
   m.def("ipc_two_step_emulate", &ipcEmulate, py::arg("inputs"), py::arg("buffers"),
         py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,

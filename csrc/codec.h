@@ -29,10 +29,13 @@
 #include <math.h>
 #include <stdint.h>
 
+// Always inlined, on the device and on the host: codec_cpu.cpp compiles its group loops once per
+// instruction set (AVX2, AVX-512, baseline), and only code inlined into those loops is compiled
+// for theirs; a call out of them would run the baseline copy.
 #if defined(__CUDACC__)
 #define QCOMM_HD __host__ __device__ __forceinline__
 #else
-#define QCOMM_HD inline
+#define QCOMM_HD inline __attribute__((always_inline))
 #endif
 
 namespace qcomm {

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "codec.h"
 
@@ -32,5 +34,14 @@ void rotateInverse(float* y, int64_t paddedN, int groupSize);
 
 // out[i] = float(x[i]) for x of `dtype`.
 void castToFloat(const void* x, int32_t dtype, int64_t n, float* out);
+
+// The encode and decode loops are compiled for several instruction sets ("generic", the baseline
+// x86-64; "avx2"; "avx512"), the same bits from each. cpuIsas: those this CPU has; cpuIsa: the one
+// in use (at the first codec call, QCOMM_CPU_ISA, unset or "auto" for the widest this CPU has);
+// setCpuIsa: use `name` ("auto" or one of cpuIsas) from now on, returning the one used before.
+// An unknown or unavailable name throws std::invalid_argument.
+std::vector<std::string> cpuIsas();
+std::string cpuIsa();
+std::string setCpuIsa(const std::string& name);
 
 }  // namespace qcomm

@@ -45,6 +45,9 @@ def _create(opts, pg_options):
     if dist.is_nccl_available() and isinstance(pg_options, dist.ProcessGroupNCCL.Options):
         nccl_options, pg_options = pg_options, None
     cfg = resolve(pg_options)
+    # the CPU codec loops' instruction set (QCOMM_CPU_ISA): an invalid value is an error here, at
+    # the group's creation, as an invalid QCOMM_* config value is, not at its first allreduce
+    _C.cpu_isa()
     store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
     nccl = None
