@@ -18,6 +18,9 @@ allreduce.
    into buffers instead, so these allocation costs are measured on their own
    (``torch.zeros(encoded bytes, uint8)``, and ``torch.empty(n, fp32).fill_(0)`` minus
    ``out.fill_(0)`` into a preallocated tensor) and subtracted: the "net" columns.
+   With --isas (default: every instruction set the codec loops are compiled for that this CPU
+   has, csrc/codec_cpu.cpp), the same calls again with each one's loops (qcomm._C.set_cpu_isa),
+   in a table side by side; the first table is the default's (QCOMM_CPU_ISA, else the widest).
 2. Where the time of a quantized allreduce goes (unless --no-allreduce): ``python -m qcomm.bench``
    at --allreduce-size (default 64M) on 2 CPU ranks over loopback (its CSV rows), against the codec
    work each rank does in that allreduce (elements encoded and decoded per rank, from the
@@ -136,6 +139,26 @@ def microbench(opts) -> list:
                         )
                     )
                     r = rows[-1]
+                    # the same calls with the loops of each other instruction set asked for
+                    r["isa"] = {_C.cpu_isa(): (r["enc_net_s"], r["dec_net_s"])}
+                    for isa in opts.isas:
+                        if isa in r["isa"]:
+                            continue
+                        before = _C.set_cpu_isa(isa)
+                        try:
+                            e_s = timeit(
+                                lambda x=x, b=bits, s=sym: _C.codec_encode(x, b, gs, s),
+                                opts.min_time,
+                            )
+                            d_s = timeit(
+                                lambda e=enc, n=n, b=bits, s=sym, d=dtype: _C.codec_decode(
+                                    e, n, b, gs, s, d
+                                ),
+                                opts.min_time,
+                            )
+                        finally:
+                            _C.set_cpu_isa(before)
+                        r["isa"][isa] = (max(e_s - zeros_s, 1e-12), max(d_s - dec_alloc_s, 1e-12))
                     print(
                         f"[codec] {bench.size_label(size)} {dname} {bits}-bit "
                         f"{'sym' if sym else 'asym'}: encode {gbps(size, enc_s):.2f} GB/s "
@@ -183,6 +206,35 @@ def codec_table(rows: list) -> str:
             f"{r['copy_s'] / r['enc_net_s']:.3f}",
             f"{r['copy_s'] / r['dec_net_s']:.3f}",
         ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def isa_table(rows: list, isas: list) -> str:
+    """Net encode and decode GB/s per instruction set of the CPU codec's loops, side by side, and
+    the widest one's speed-up over the baseline ("generic")."""
+    head = ["size", "input", "bits", "scale"]
+    head += [f"encode net GB/s {i}" for i in isas] + [f"decode net GB/s {i}" for i in isas]
+    wide = isas[-1]
+    if "generic" in isas and wide != "generic":
+        head += [f"encode {wide} / generic", f"decode {wide} / generic"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        s = r["size"]
+        t = r["isa"]
+        cells = [
+            bench.size_label(s),
+            r["dtype"],
+            str(r["bits"]),
+            "sym" if r["symmetric"] else "asym",
+        ]
+        cells += [f"{gbps(s, t[i][0]):.2f}" for i in isas]
+        cells += [f"{gbps(s, t[i][1]):.2f}" for i in isas]
+        if "generic" in isas and wide != "generic":
+            cells += [
+                f"{t['generic'][0] / t[wide][0]:.2f}x",
+                f"{t['generic'][1] / t[wide][1]:.2f}x",
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -283,11 +335,31 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--allreduce-iters", type=int, default=5, help="timed allreduces per config (default 5)"
     )
+    ap.add_argument(
+        "--isas",
+        default="all",
+        help="instruction sets of the codec loops timed side by side (comma-separated, or 'all' "
+        "for every one this CPU has, the default; 'none' for only the one in use)",
+    )
     opts = ap.parse_args(argv)
 
     import torch
 
     import qcomm
+    from qcomm import _C
+
+    have = _C.cpu_isas()
+    if opts.isas == "all":
+        opts.isas = have
+    elif opts.isas == "none":
+        opts.isas = []
+    else:
+        opts.isas = [i.strip() for i in opts.isas.split(",") if i.strip()]
+        missing = [i for i in opts.isas if i not in have]
+        if missing:
+            ap.error(
+                f"--isas: {', '.join(missing)} not available here (this CPU: {', '.join(have)})"
+            )
 
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -295,7 +367,8 @@ def main(argv=None) -> int:
         f"# codec_throughput: {bench.cpu_model()}, {os.cpu_count()} logical cores, "
         f"torch {torch.__version__}, 1 thread (torch.get_num_threads() = "
         f"{torch.get_num_threads()}), group size {opts.group_size}, qcomm CUDA kernels compiled: "
-        f"{qcomm.compiled_with_cuda()}, load average at start "
+        f"{qcomm.compiled_with_cuda()}, codec loops {_C.cpu_isa()} (this CPU: "
+        f"{', '.join(have)}), load average at start "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()),
         flush=True,
     )
@@ -312,6 +385,13 @@ def main(argv=None) -> int:
         "into a reused tensor), paid by codec_decode's at::empty. copy: out.copy_(x) into a "
         "preallocated tensor of the input dtype."
     )
+    if len(opts.isas) > 1:
+        isas = [i for i in have if i in opts.isas]  # narrowest first
+        print(
+            "\n## The codec loops per instruction set (the same calls, net GB/s as above; "
+            "QCOMM_CPU_ISA / qcomm._C.set_cpu_isa)\n"
+        )
+        print(isa_table(rows, isas), flush=True)
     if not opts.no_allreduce:
         bench_rows = run_bench(opts)
         size_ref = bench.size_label(max(opts.sizes))

@@ -8,7 +8,9 @@ limits the rank's upload and download to --rate (optional --delay adds netem lat
 
 Each rank runs, for each --size: Gloo's exact allreduce in fp32 and in bf16, then the quantized
 allreduce for each --algorithms x --bits, every one --iters times (median, and min/max for spread).
-Rank 0 prints a table with ratios measured side by side in this one run, and writes --csv.
+Rank 0 prints a table with ratios measured side by side in this one run, and writes --csv. With
+--isas generic,avx512 (say) every quantized configuration runs once with each instruction set of
+the CPU codec loops (qcomm._C.set_cpu_isa on every rank), labelled "algorithm [isa]".
 
 Needs root (ip netns, tc). Example, the setting of issue 4:
     sudo .venv/bin/python benchmarks/slow_cluster.py --world 2 --rate 1gbit --sizes 64M
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import os
 import statistics
 import subprocess
@@ -121,42 +124,46 @@ def worker(args) -> int:
             rows.append([size, name, "-", med, lo, hi, "", "", ""])
             if rank == 0:
                 print(f"[{size >> 20} MiB] {name}: {med:.3f} s", file=sys.stderr, flush=True)
-        for algo in args.algorithms.split(","):
-            for bits in args.bits.split(","):
-                rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
-                qcomm.set_config(
-                    qcomm.QuantConfig(
-                        algorithm=algo,
-                        rs_bits=rs,
-                        ag_bits=ag,
-                        min_bytes=0,
-                        microshards=args.microshards,
-                        rotate=args.rotate,
-                    )
+        isas = args.isas.split(",") if args.isas else [qcomm._C.cpu_isa()]
+        for algo, bits, isa in itertools.product(
+            args.algorithms.split(","), args.bits.split(","), isas
+        ):
+            rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
+            qcomm._C.set_cpu_isa(isa)
+            what = f"{algo} [{isa}]" if args.isas else algo
+            qcomm.set_config(
+                qcomm.QuantConfig(
+                    algorithm=algo,
+                    rs_bits=rs,
+                    ag_bits=ag,
+                    min_bytes=0,
+                    microshards=args.microshards,
+                    rotate=args.rotate,
                 )
-                before = qcomm.stats()["wire_bytes"]
-                med, lo, hi = timed(lambda t: dist.all_reduce(t), lambda x=x: x.clone())
-                wire = (qcomm.stats()["wire_bytes"] - before) // (args.warmup + args.iters)
-                rows.append(
-                    [
-                        size,
-                        algo,
-                        bits,
-                        med,
-                        lo,
-                        hi,
-                        base["gloo_fp32"] / med,
-                        base["gloo_bf16"] / med,
-                        wire,
-                    ]
+            )
+            before = qcomm.stats()["wire_bytes"]
+            med, lo, hi = timed(lambda t: dist.all_reduce(t), lambda x=x: x.clone())
+            wire = (qcomm.stats()["wire_bytes"] - before) // (args.warmup + args.iters)
+            rows.append(
+                [
+                    size,
+                    what,
+                    bits,
+                    med,
+                    lo,
+                    hi,
+                    base["gloo_fp32"] / med,
+                    base["gloo_bf16"] / med,
+                    wire,
+                ]
+            )
+            if rank == 0:
+                print(
+                    f"[{size >> 20} MiB] {what} {bits}: {med:.3f} s "
+                    f"({base['gloo_fp32'] / med:.2f}x fp32, {base['gloo_bf16'] / med:.2f}x bf16)",
+                    file=sys.stderr,
+                    flush=True,
                 )
-                if rank == 0:
-                    print(
-                        f"[{size >> 20} MiB] {algo} {bits}: {med:.3f} s "
-                        f"({base['gloo_fp32'] / med:.2f}x fp32, {base['gloo_bf16'] / med:.2f}x bf16)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
     if rank == 0:
         head = [
             "bytes",
@@ -254,6 +261,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--microshards", type=int, default=4)
     ap.add_argument("--rotate", action="store_true", help="QuantConfig(rotate=True)")
+    ap.add_argument(
+        "--isas",
+        default="",
+        help="CPU codec loops to time side by side, e.g. generic,avx512 (qcomm._C.cpu_isas(); "
+        "default: only the one in use)",
+    )
     ap.add_argument("--port", type=int, default=29577)
     ap.add_argument("--csv", default=None)
     ap.add_argument("--timeout", type=float, default=1800)
