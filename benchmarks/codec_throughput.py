@@ -172,6 +172,16 @@ def microbench(opts) -> list:
     return rows
 
 
+def row_label(r: dict) -> list:
+    """The first cells of a codec row: size, input dtype, bits, scale."""
+    return [
+        bench.size_label(r["size"]),
+        r["dtype"],
+        str(r["bits"]),
+        "sym" if r["symmetric"] else "asym",
+    ]
+
+
 def codec_table(rows: list) -> str:
     head = [
         "size",
@@ -192,10 +202,7 @@ def codec_table(rows: list) -> str:
     for r in rows:
         s = r["size"]
         cells = [
-            bench.size_label(s),
-            r["dtype"],
-            str(r["bits"]),
-            "sym" if r["symmetric"] else "asym",
+            *row_label(r),
             f"{gbps(s, r['enc_s']):.2f}",
             f"{r['enc_alloc_s'] * 1e3:.3f}",
             f"{gbps(s, r['enc_net_s']):.2f}",
@@ -222,12 +229,7 @@ def isa_table(rows: list, isas: list) -> str:
     for r in rows:
         s = r["size"]
         t = r["isa"]
-        cells = [
-            bench.size_label(s),
-            r["dtype"],
-            str(r["bits"]),
-            "sym" if r["symmetric"] else "asym",
-        ]
+        cells = row_label(r)
         cells += [f"{gbps(s, t[i][0]):.2f}" for i in isas]
         cells += [f"{gbps(s, t[i][1]):.2f}" for i in isas]
         if "generic" in isas and wide != "generic":
