@@ -74,7 +74,10 @@ def test_codec_timing_compiles():
     carried to a GPU machine) still compiles against the kernels' launch API, with the flags of
     scripts/codec_timing.sh (--check: the harness alone; linking the kernels takes ~50 s more)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "CUDA_HOME": cpp_extension.CUDA_HOME}
+    # nvcc not under another sanitizer's preloaded runtime (scripts/sanitize.sh sets LD_PRELOAD;
+    # nvcc crashes under it)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["CUDA_HOME"] = cpp_extension.CUDA_HOME
     done = subprocess.run(
         ["bash", os.path.join(root, "scripts", "codec_timing.sh"), "--check"],
         capture_output=True,
