@@ -25,6 +25,8 @@ __all__ = [
     "compiled_with_cuda",
     "cuda_transport",
     "cuda_ipc_profile",
+    "cpu_isa",
+    "cpu_isas",
 ]
 
 BACKEND = "qnccl"
@@ -33,6 +35,18 @@ BACKEND = "qnccl"
 def compiled_with_cuda() -> bool:
     """True when the extension was built with its CUDA sources."""
     return _C.compiled_with_cuda()
+
+
+def cpu_isa() -> str:
+    """The instruction set whose CPU codec loops run: "generic" (baseline x86-64), "avx2" or
+    "avx512"; QCOMM_CPU_ISA chooses, by default the widest this CPU has. The same bits from each."""
+    return _C.cpu_isa()
+
+
+def cpu_isas() -> list:
+    """The instruction sets the CPU codec loops are compiled for that this CPU has, narrowest
+    first."""
+    return list(_C.cpu_isas())
 
 
 def _create(opts, pg_options):

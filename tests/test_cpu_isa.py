@@ -28,6 +28,7 @@ def isa(request):
 
 
 def test_instruction_sets_listed_and_widest_by_default():
+    assert qcomm.cpu_isas() == ISAS and qcomm.cpu_isa() == _C.cpu_isa()
     assert ISAS[0] == "generic", ISAS
     assert set(ISAS) <= {"generic", "avx2", "avx512"}, ISAS
     # the ones the build has are listed in order of width; a CPU with AVX-512 has AVX2
