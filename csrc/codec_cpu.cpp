@@ -55,8 +55,8 @@ void forElems(int64_t n, F&& f) {
 // results are the same bits: every operation is an IEEE single-precision one, rounded to nearest
 // the same way at every vector width, contraction stays off (setup.py -ffp-contract=off holds for
 // these functions too; codec.h's explicit fmaf is exact either way), and the reductions are
-// min/max, which do not depend on order (codec.h groupParams). tests/test_codec.py compares every
-// instruction set this CPU has against the reference model.
+// min/max, which do not depend on order (codec.h groupParams). tests/test_cpu_isa.py compares
+// every instruction set this CPU has with the reference model.
 
 #define QCOMM_ALWAYS_INLINE inline __attribute__((always_inline))
 
