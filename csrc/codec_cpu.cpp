@@ -1,15 +1,4 @@
 // CPU loops over the shared codec: each loop walks whole groups, threaded with at::parallel_for.
-
-// GCC's default -ftrapping-math for this file, over setup.py's -fno-trapping-math: with it the
-// AVX-512 group loops encode about twice as fast (6.0 against 2.9 GB/s, fp32 8-bit asymmetric, one
-// core, benchmarks/RESULTS.md), and the baseline ones no slower. It changes which transformations
-// the compiler may make, not a result: the same IEEE operations, the same bits (the tests compare
-// every instruction set with the reference model). Before any include, so that codec.h's inline
-// functions, inlined into the loops below, are compiled with it too.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("trapping-math")
-#endif
-
 #include "codec_cpu.h"
 
 #include <ATen/Parallel.h>
