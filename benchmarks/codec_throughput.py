@@ -1,8 +1,8 @@
 """Throughput of the CPU codec on one core, beside a memory copy, and its share of a quantized
 allreduce.
 
-    .venv/bin/python benchmarks/codec_throughput.py                 # ~30 s on 2 cores
-    .venv/bin/python benchmarks/codec_throughput.py --no-allreduce  # the codec tables only
+    .venv/bin/python benchmarks/codec_throughput.py                 # the tables and the profile
+    .venv/bin/python benchmarks/codec_throughput.py --no-allreduce  # the codec tables (~30 s)
 
 1. Codec microbenchmark, one thread (``torch.set_num_threads(1)``), through
    ``qcomm._C.codec_encode`` and ``qcomm._C.codec_decode``: encode and decode at 8 and 4 bits,
