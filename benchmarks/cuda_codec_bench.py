@@ -13,8 +13,11 @@ With --variants-csv, every kernel is then timed in the launch variants read at e
 (VARIANTS below: QCOMM_CUDA_PREFETCH=1, the kernels prefetching their next slab or step into L2;
 QCOMM_CUDA_ENCODE_BLOCKS=4, the encoders compiled for 4 blocks per SM; both;
 QCOMM_CUDA_ENCODE_STAGED=1, the encoders staging their next slab in shared memory;
-QCOMM_CUDA_FULL_GRID=1, every block the work needs instead of the resident grid; 4 blocks with the
-full grid; QCOMM_CUDA_DECODE_UNROLL=8, 8 items per decoder thread and step), in turns with
+QCOMM_CUDA_FULL_GRID=1, every block the work needs for every kernel and size (by default only the
+decoders and the 4-block encoders from 10 Mi elements); 4 blocks with the
+full grid; QCOMM_CUDA_DECODE_UNROLL=8, 8 items per decoder thread and step;
+QCOMM_CUDA_FULL_GRID=0 with QCOMM_CUDA_ENCODE_BLOCKS=3, the resident grid and 3-block encoders,
+the default before 2026-11-30), in turns with
 the default in the same way, and a second table gives them side by side, each row printed and
 written as it is done. A timing that raises (a refused launch, a CUDA error) reads "error" in its
 cells and the rest go on; the exit status is then 1.
@@ -50,6 +53,11 @@ VARIANTS = (
         ("encode",),
     ),
     ("unroll 8", {"QCOMM_CUDA_DECODE_UNROLL": "8"}, ("decode",)),
+    (
+        "resident, 3 blocks",
+        {"QCOMM_CUDA_FULL_GRID": "0", "QCOMM_CUDA_ENCODE_BLOCKS": "3"},
+        ("encode", "decode"),
+    ),
 )
 SETTINGS = sorted({k for _, env, _ in VARIANTS for k in env})
 HEAD = ["MiB", "kernel", "bits", "scale", "time_us", "GB/s (read+write)", "x copy"]

@@ -6,7 +6,8 @@
 #   (a) the codec kernels against device-to-device copy (the goal: >= 0.80x of copy bandwidth
 #       from 64 MiB up), the default kernels' table first, then the launch variants
 #       (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4, both, QCOMM_CUDA_ENCODE_STAGED=1,
-#       QCOMM_CUDA_FULL_GRID=1, 4 blocks with the full grid, QCOMM_CUDA_DECODE_UNROLL=8);
+#       QCOMM_CUDA_FULL_GRID=1, 4 blocks with the full grid, QCOMM_CUDA_DECODE_UNROLL=8, and the
+#       resident grid with 3-block encoders, the default before 2026-11-30);
 #   (b) the CUDA-IPC two_step's cost per byte, the fused kernel and the separate kernels (2 ranks
 #       as threads), and the two side by side;
 #   (c) the CUDA codec kernels bit for bit against the CPU codec;

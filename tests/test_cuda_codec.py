@@ -127,8 +127,18 @@ def test_cuda_vector_and_scalar_paths_match_cpu(group, dtype):
         {"QCOMM_CUDA_ENCODE_STAGED": "1"},
         {"QCOMM_CUDA_FULL_GRID": "1"},
         {"QCOMM_CUDA_DECODE_UNROLL": "8"},
+        {},
+        {"QCOMM_CUDA_FULL_GRID": "0", "QCOMM_CUDA_ENCODE_BLOCKS": "3"},
     ],
-    ids=["prefetch", "encode_blocks_4", "encode_staged", "full_grid", "decode_unroll_8"],
+    ids=[
+        "prefetch",
+        "encode_blocks_4",
+        "encode_staged",
+        "full_grid",
+        "decode_unroll_8",
+        "default",
+        "resident_3_blocks",
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
@@ -138,10 +148,15 @@ def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
     # blocks per SM, spilling in most variants) and QCOMM_CUDA_ENCODE_STAGED=1 (the encoders'
     # slabs through shared memory by cp.async, two stages per warp), QCOMM_CUDA_FULL_GRID=1 (every
     # block the work needs, one turn each), QCOMM_CUDA_DECODE_UNROLL=8 (8 items per decoder thread
-    # and step); a partial last slab; the CPU codec's bytes and values either way
+    # and step); the default, which from 10 Mi elements gives the decoders and the 4-block
+    # encoders (fp32 but 8-bit asymmetric) the full grid, and QCOMM_CUDA_FULL_GRID=0 with
+    # QCOMM_CUDA_ENCODE_BLOCKS=3 (the resident grid, 3-block encoders: the default before
+    # 2026-11-30); a partial last slab; the CPU codec's bytes and values either way
+    for k in ("QCOMM_CUDA_FULL_GRID", "QCOMM_CUDA_ENCODE_BLOCKS"):
+        monkeypatch.delenv(k, raising=False)
     for k, v in settings.items():
         monkeypatch.setenv(k, v)
-    n = 8 * 2**20 + 77
+    n = 12 * 2**20 + 77
     x = (torch.randn(n, generator=torch.Generator().manual_seed(3)) * 2).to(dtype)
     for bits, sym in itertools.product([4, 8], [True, False]):
         cpu = _C.codec_encode(x, bits, 128, sym)
@@ -153,16 +168,33 @@ def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "settings,template",
+    "settings,codec,template",
     [
-        ({}, (3, False)),
-        ({"QCOMM_CUDA_ENCODE_BLOCKS": "4"}, (4, False)),
-        ({"QCOMM_CUDA_ENCODE_STAGED": "1"}, (3, True)),
-        ({"QCOMM_CUDA_ENCODE_STAGED": "1", "QCOMM_CUDA_ENCODE_BLOCKS": "4"}, (3, True)),
+        ({}, (torch.float32, 8, False), (3, False)),
+        ({}, (torch.float32, 8, True), (4, False)),
+        ({}, (torch.float32, 4, False), (4, False)),
+        ({}, (torch.bfloat16, 4, False), (3, False)),
+        ({"QCOMM_CUDA_ENCODE_BLOCKS": "4"}, (torch.float32, 8, False), (4, False)),
+        ({"QCOMM_CUDA_ENCODE_BLOCKS": "3"}, (torch.float32, 4, False), (3, False)),
+        ({"QCOMM_CUDA_ENCODE_STAGED": "1"}, (torch.float32, 8, False), (3, True)),
+        (
+            {"QCOMM_CUDA_ENCODE_STAGED": "1", "QCOMM_CUDA_ENCODE_BLOCKS": "4"},
+            (torch.float32, 4, False),
+            (3, True),
+        ),
     ],
-    ids=["default", "encode_blocks_4", "encode_staged", "staged_over_blocks"],
+    ids=[
+        "default_fp32_8_asym",
+        "default_fp32_8_sym",
+        "default_fp32_4_asym",
+        "default_bf16_4_asym",
+        "encode_blocks_4",
+        "encode_blocks_3",
+        "encode_staged",
+        "staged_over_blocks",
+    ],
 )
-def test_cuda_encode_setting_picks_its_kernel(settings, template, monkeypatch):
+def test_cuda_encode_setting_picks_its_kernel(settings, codec, template, monkeypatch):
     # the launch variants give the same bytes (above), so only the kernel's name tells that the
     # setting took effect and that the staged encoder's shared memory was granted (it falls back
     # to the default encoder otherwise): read from the profiler's record of the launch
@@ -172,16 +204,20 @@ def test_cuda_encode_setting_picks_its_kernel(settings, template, monkeypatch):
         monkeypatch.delenv(k, raising=False)
     for k, v in settings.items():
         monkeypatch.setenv(k, v)
-    x = torch.randn(2**20, device="cuda")
+    # by default 4 blocks per SM for fp32 input but the 8-bit asymmetric codec, 3 otherwise
+    dtype, bits, sym = codec
+    x = torch.randn(2**20, device="cuda").to(dtype)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _C.cuda_codec_encode(x, 8, 128, False)
+        _C.cuda_codec_encode(x, bits, 128, sym)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if "encodeKernel" in e.name]
     if not prof.events():
         pytest.skip("the profiler recorded no CUDA activity on this machine")
     assert names, [e.name for e in prof.events()]
     blocks, staged = template
-    want = ("encode", ["float", "8", "false", str(blocks), "true" if staged else "false"])
+    type_name = {torch.float32: "float", torch.bfloat16: "qcomm::bf16_t"}[dtype]
+    flags = [str(bits), "true" if sym else "false", str(blocks), "true" if staged else "false"]
+    want = ("encode", [type_name] + flags)
     assert all(ncu_codec.template_args(n) == want for n in names), names
 
 

@@ -64,8 +64,9 @@ def test_codec_kernels_match_cpu_codec_under_emulation(build_dir):
     assert rc == 0 and "differences" in out, out[-4000:]
     assert "all " in out and "bit-identical to the CPU codec" in out, out[-4000:]
     # the launch variants (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4, both,
-    # QCOMM_CUDA_ENCODE_STAGED=1, QCOMM_CUDA_FULL_GRID=1, QCOMM_CUDA_DECODE_UNROLL=8): the same
-    # bytes; the kernels did prefetch, and only inside what they read
+    # QCOMM_CUDA_ENCODE_STAGED=1, QCOMM_CUDA_FULL_GRID=1, QCOMM_CUDA_DECODE_UNROLL=8,
+    # QCOMM_CUDA_FULL_GRID=0 with QCOMM_CUDA_ENCODE_BLOCKS=3): the same bytes; the kernels did
+    # prefetch, and only inside what they read
     assert re.search(r"launch variants .*: \d+ cases, 0 differences, [1-9]\d* addresses", out), out
     assert "prefetched, 0 outside the tensor read" in out, out[-4000:]
     # the sum of W encoded copies in one kernel (two_step's owners): 1 to 11 blocks, 11 in two
@@ -76,7 +77,9 @@ def test_codec_kernels_match_cpu_codec_under_emulation(build_dir):
     assert re.search(r"asymmetric groups without the clamp: [1-9]\d*, with it: [1-9]\d*", out), out
     assert "simt:" not in out, out[-4000:]
     # a setting's value it does not understand: one warning, however many launches
-    warning = "QCOMM_CUDA_ENCODE_STAGED='yes' is not understood (1 turns it on"
+    warning = "QCOMM_CUDA_ENCODE_STAGED='yes' is not understood (it takes 0, 1, or unset for the"
+    assert out.count(warning) == 1, out[-4000:]
+    warning = "QCOMM_CUDA_FULL_GRID='2' is not understood (it takes 0, 1, or unset for the"
     assert out.count(warning) == 1, out[-4000:]
 
 

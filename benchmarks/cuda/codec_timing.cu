@@ -1,4 +1,5 @@
-// The codec kernels timed without torch or Python: encode and decode of fp32 messages, group 128,
+// The codec kernels timed without torch or Python: encode and decode of fp32 (or, with --dtype,
+// bf16 or fp16) messages, group 128,
 // 8/4 bits, asymmetric/symmetric, against cudaMemcpyAsync device to device (bytes read plus
 // written, as benchmarks/cuda_codec_bench.py counts them), in the default launch and in launch
 // variants read at every launch (kVariants below; a variant that changes only one of the two
@@ -6,7 +7,10 @@
 // compared with the default's. Built by scripts/codec_timing.sh with nvcc alone (no GPU needed to
 // build, no build on the GPU machine: the binary runs wherever a CUDA driver is).
 //
-//     codec_timing [--sizes-mib 64,256,1024] [--iters 20] [--csv out.csv]
+//     codec_timing [--sizes-mib 64,256,1024] [--iters 20] [--csv out.csv] [--dtype fp32|bf16|fp16]
+//
+// A size is the message's bytes in its own dtype; the copy moves those bytes, the decoder writes
+// fp32 (as the allreduce's accumulating decodes do).
 //
 // Timing as in cuda_codec_bench.py: a region of `iters` back-to-back calls behind a queued sleep
 // kernel (so the host's launches are not timed), its mean per call; each kernel, the copy too,
@@ -65,10 +69,10 @@ const char* const kSettings[] = {"QCOMM_CUDA_FULL_GRID", "QCOMM_CUDA_ENCODE_BLOC
                                  "QCOMM_CUDA_DECODE_UNROLL"};
 const std::vector<Variant> kVariants = {
     {"default", {}},
+    {"resident, 3 blocks", {{"QCOMM_CUDA_FULL_GRID", "0"}, {"QCOMM_CUDA_ENCODE_BLOCKS", "3"}}},
+    {"resident", {{"QCOMM_CUDA_FULL_GRID", "0"}}},
     {"full grid", {{"QCOMM_CUDA_FULL_GRID", "1"}}},
     {"4 blocks", {{"QCOMM_CUDA_ENCODE_BLOCKS", "4"}}},
-    {"4 blocks, full grid", {{"QCOMM_CUDA_ENCODE_BLOCKS", "4"}, {"QCOMM_CUDA_FULL_GRID", "1"}}},
-    {"decode unroll 8", {{"QCOMM_CUDA_DECODE_UNROLL", "8"}}},
 };
 
 void apply(const Variant& v) {
@@ -108,6 +112,8 @@ int main(int argc, char** argv) {
   std::vector<int64_t> sizes = {64, 256, 1024};
   int iters = 20;
   const char* csvPath = nullptr;
+  int32_t dtype = qcomm::kFloat32;
+  const char* dtypeName = "fp32";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--sizes-mib" && i + 1 < argc) {
@@ -116,8 +122,22 @@ int main(int argc, char** argv) {
       iters = std::atoi(argv[++i]);
     } else if (a == "--csv" && i + 1 < argc) {
       csvPath = argv[++i];
+    } else if (a == "--dtype" && i + 1 < argc) {
+      dtypeName = argv[++i];
+      if (std::strcmp(dtypeName, "fp32") == 0) {
+        dtype = qcomm::kFloat32;
+      } else if (std::strcmp(dtypeName, "bf16") == 0) {
+        dtype = qcomm::kBFloat16;
+      } else if (std::strcmp(dtypeName, "fp16") == 0) {
+        dtype = qcomm::kFloat16;
+      } else {
+        std::fprintf(stderr, "--dtype takes fp32, bf16 or fp16, not '%s'\n", dtypeName);
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: %s [--sizes-mib 64,256,1024] [--iters 20] [--csv out.csv]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--sizes-mib 64,256,1024] [--iters 20] [--csv out.csv] "
+                   "[--dtype fp32|bf16|fp16]\n",
                    argv[0]);
       return 2;
     }
@@ -131,9 +151,9 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDevice(&dev));
   CHECK(cudaGetDeviceProperties(&prop, dev));
   std::printf(
-      "# %s, %d SMs; codec_timing: fp32, group 128; each time the faster of 2 turns of %d "
+      "# %s, %d SMs; codec_timing: %s input, group 128; each time the faster of 2 turns of %d "
       "calls\n",
-      prop.name, prop.multiProcessorCount, iters);
+      prop.name, prop.multiProcessorCount, dtypeName, iters);
   FILE* csv = csvPath ? std::fopen(csvPath, "w") : nullptr;
   if (csvPath && !csv) {
     std::fprintf(stderr, "cannot write %s\n", csvPath);
@@ -153,14 +173,20 @@ int main(int argc, char** argv) {
   CHECK(cudaEventCreate(&eb));
   bool allSame = true;
   for (int64_t mib : sizes) {
-    const int64_t n = mib * (int64_t(1) << 20) / 4;
-    float *x = nullptr, *copyDst = nullptr, *out = nullptr, *out0 = nullptr;
-    CHECK(cudaMalloc(&x, n * 4));
-    CHECK(cudaMalloc(&copyDst, n * 4));
+    const int64_t esize = dtype == qcomm::kFloat32 ? 4 : 2;
+    const int64_t n = mib * (int64_t(1) << 20) / esize;
+    float *x32 = nullptr, *out = nullptr, *out0 = nullptr;
+    void *x = nullptr, *copyDst = nullptr;
+    CHECK(cudaMalloc(&x32, n * 4));
+    CHECK(cudaMalloc(&x, n * esize));
+    CHECK(cudaMalloc(&copyDst, n * esize));
     CHECK(cudaMalloc(&out, n * 4));
     CHECK(cudaMalloc(&out0, n * 4));
-    fillKernel<<<1024, 256, 0, s>>>(x, n, uint32_t(mib));
+    fillKernel<<<1024, 256, 0, s>>>(x32, n, uint32_t(mib));
     CHECK(cudaGetLastError());
+    // the input in its dtype: the raw codec's cast (bits 0), rounding to nearest even
+    CHECK(qcomm::gpu::encode(x32, qcomm::kFloat32, n, qcomm::CodecSpec{0, 128, 1, dtype},
+                             static_cast<uint8_t*>(x), qcomm::Noise{0, 0, 0}, s));
     struct Codec {
       int bits, sym;
     };
@@ -172,7 +198,7 @@ int main(int argc, char** argv) {
       CHECK(cudaMalloc(&enc0, bytes));
       const qcomm::Noise noise{0, 0, 0};
       apply(kVariants[0]);  // the default's bytes and values, to compare each variant's with
-      CHECK(qcomm::gpu::encode(x, qcomm::kFloat32, n, c, enc0, noise, s));
+      CHECK(qcomm::gpu::encode(x, dtype, n, c, enc0, noise, s));
       CHECK(qcomm::gpu::decode(enc0, n, c, out0, false, s));
       CHECK(cudaStreamSynchronize(s));
       const int V = int(kVariants.size());
@@ -182,14 +208,14 @@ int main(int argc, char** argv) {
         apply(kVariants[0]);
         copyUs = std::min(
             copyUs,
-            region([&] { CHECK(cudaMemcpyAsync(copyDst, x, n * 4, cudaMemcpyDeviceToDevice, s)); },
-                   iters, s, ea, eb));
+            region(
+                [&] { CHECK(cudaMemcpyAsync(copyDst, x, n * esize, cudaMemcpyDeviceToDevice, s)); },
+                iters, s, ea, eb));
         for (int v = 0; v < V; ++v) {
           apply(kVariants[v]);
           encUs[v] = std::min(
-              encUs[v],
-              region([&] { CHECK(qcomm::gpu::encode(x, qcomm::kFloat32, n, c, enc, noise, s)); },
-                     iters, s, ea, eb));
+              encUs[v], region([&] { CHECK(qcomm::gpu::encode(x, dtype, n, c, enc, noise, s)); },
+                               iters, s, ea, eb));
           decUs[v] = std::min(
               decUs[v], region([&] { CHECK(qcomm::gpu::decode(enc0, n, c, out, false, s)); }, iters,
                                s, ea, eb));
@@ -205,7 +231,7 @@ int main(int argc, char** argv) {
         apply(kVariants[v]);
         CHECK(cudaMemset(enc, 0xA5, bytes));
         CHECK(cudaMemset(out, 0xA5, n * 4));
-        CHECK(qcomm::gpu::encode(x, qcomm::kFloat32, n, c, enc, noise, s));
+        CHECK(qcomm::gpu::encode(x, dtype, n, c, enc, noise, s));
         CHECK(qcomm::gpu::decode(enc0, n, c, out, false, s));
         CHECK(cudaStreamSynchronize(s));
         CHECK(cudaMemcpy(h1.data(), enc, bytes, cudaMemcpyDeviceToHost));
@@ -215,10 +241,11 @@ int main(int argc, char** argv) {
         allSame = allSame && same[v];
       }
       apply(kVariants[0]);
-      const double copyBytes = 2.0 * n * 4;
+      const double copyBytes = 2.0 * n * esize;
       for (int k = 0; k < 2; ++k) {
         const bool isEnc = k == 0;
-        const double moved = double(n) * 4 + double(bytes);  // read + written, either way round
+        // read + written: the input and the block, or the block and fp32 values
+        const double moved = double(n) * (isEnc ? esize : 4) + double(bytes);
         std::printf("| %lld | %s | %d | %s | %.1f |", (long long)mib, isEnc ? "encode" : "decode",
                     cd.bits, cd.sym ? "sym" : "asym", copyUs);
         std::string sameCell;
@@ -227,7 +254,7 @@ int main(int argc, char** argv) {
           const double ratio = (moved / us) / (copyBytes / copyUs);
           std::printf(" %.1f (%.2f) |", us, ratio);
           if (csv) {
-            std::fprintf(csv, "%lld,%s,%d,%s,%s,%.1f,%.1f,%.3f,%s\n", (long long)mib,
+            std::fprintf(csv, "%lld,%s,%d,%s,\"%s\",%.1f,%.1f,%.3f,%s\n", (long long)mib,
                          isEnc ? "encode" : "decode", cd.bits, cd.sym ? "sym" : "asym",
                          kVariants[v].name, us, copyUs, ratio, same[v] ? "yes" : "NO");
           }
@@ -242,6 +269,7 @@ int main(int argc, char** argv) {
       CHECK(cudaFree(enc0));
     }
     CHECK(cudaFree(x));
+    CHECK(cudaFree(x32));
     CHECK(cudaFree(copyDst));
     CHECK(cudaFree(out));
     CHECK(cudaFree(out0));

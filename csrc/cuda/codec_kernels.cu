@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <set>
 #include <string>
@@ -413,20 +414,30 @@ __global__ void __launch_bounds__(kBlock, 2)
 // resident count per SM is computed once per kernel.
 }  // namespace
 
-bool launchFlag(const char* name, const char* on, const char* off) {
+int launchSetting(const char* name, std::initializer_list<const char*> values) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0' || std::strcmp(v, off) == 0) return false;
-  if (std::strcmp(v, on) == 0) return true;
+  if (v == nullptr || *v == '\0') return -1;
+  int i = 0;
+  for (const char* value : values) {
+    if (std::strcmp(v, value) == 0) return i;
+    ++i;
+  }
   static std::mutex mu;
   static std::set<std::string> warned;
   const std::lock_guard<std::mutex> lock(mu);
   if (warned.insert(name).second) {
+    std::string allowed;
+    for (const char* value : values) allowed += std::string(allowed.empty() ? "" : ", ") + value;
     std::fprintf(stderr,
-                 "qcomm: %s='%s' is not understood (%s turns it on, %s or unset leaves the "
-                 "default); the default runs\n",
-                 name, v, on, off);
+                 "qcomm: %s='%s' is not understood (it takes %s, or unset for the default); the "
+                 "default runs\n",
+                 name, v, allowed.c_str());
   }
-  return false;
+  return -1;
+}
+
+bool launchFlag(const char* name, const char* on, const char* off) {
+  return launchSetting(name, {off, on}) == 1;
 }
 
 int balancedGrid(int64_t needed, int64_t cap) {
@@ -468,18 +479,31 @@ int64_t elementBlocks(int64_t n, int perThread) {
   return (n + int64_t(kBlock) * perThread - 1) / (int64_t(kBlock) * perThread);
 }
 
-// QCOMM_CUDA_FULL_GRID=1: launch every block the work needs, each taking one turn of its loop,
-// and let the hardware start blocks as others finish, instead of the resident, balanced grid
-// (an experiment until measured on a GPU: at 64 MiB the resident grid's warps take about six turns
-// from one start, so their loads and their arithmetic may alternate chip-wide; read at every
-// launch; the same bytes either way, as every kernel is grid-stride).
-bool fullGrid() { return launchFlag("QCOMM_CUDA_FULL_GRID", "1"); }
+// The full grid: every block the work needs, each taking one turn of its loop, the hardware
+// starting blocks as others finish, instead of the resident, balanced grid (gridFor). The same
+// bytes either way, as every kernel is grid-stride. Measured on the H200 (codec_timing,
+// 2026-11-30, benchmarks/RESULTS.md): from 48 to 512 MiB of fp32 it made the decoders 1.03-1.11x
+// as fast and the encoders compiled for 4 blocks per SM 1.01-1.11x, at 32 MiB 0.93-0.99x and
+// 0.88-0.94x; for the encoders compiled for 3 blocks it was mixed (0.93-1.05x with fp32 input,
+// 0.86-0.97x with bf16). So by default the decoders and the 4-block encoders take it from
+// kFullGridFrom elements (40 MiB of fp32, between the two sizes measured), every other launch the
+// resident grid. QCOMM_CUDA_FULL_GRID=1 gives every codec launch the full grid, 0 none (read at
+// every launch, so a benchmark can compare them).
+constexpr int64_t kFullGridFrom = int64_t(10) << 20;
+
+// Whether a launch over n elements takes the full grid; `byDefault`: it is one of those measured
+// faster with it (see above).
+bool fullGridFor(int64_t n, bool byDefault) {
+  const int s = launchSetting("QCOMM_CUDA_FULL_GRID", {"0", "1"});
+  if (s >= 0) return s == 1;
+  return byDefault && n >= kFullGridFrom;
+}
 
 // kShared: bytes of dynamic shared memory per block (above 48 KB, after sharedAllowed).
 template <auto kKernel, int kShared = 0, class... Args>
-void launch(int64_t blocksNeeded, cudaStream_t s, Args... args) {
-  const int grid = fullGrid() ? int(std::min<int64_t>(std::max<int64_t>(blocksNeeded, 1), INT_MAX))
-                              : gridFor<kKernel, kShared>(blocksNeeded);
+void launch(int64_t blocksNeeded, bool full, cudaStream_t s, Args... args) {
+  const int grid = full ? int(std::min<int64_t>(std::max<int64_t>(blocksNeeded, 1), INT_MAX))
+                        : gridFor<kKernel, kShared>(blocksNeeded);
   QCOMM_LAUNCH_SHARED(kKernel, grid, kBlock, kShared, s)(args...);
 }
 
@@ -517,9 +541,19 @@ bool sharedAllowed() {
 // experiment until measured on a GPU; read at every launch, so a benchmark can compare both).
 bool prefetchOn() { return launchFlag("QCOMM_CUDA_PREFETCH", "1"); }
 
-// QCOMM_CUDA_ENCODE_BLOCKS=4: the encoders compiled for 4 blocks per SM rather than 3 (see
-// encodeKernel; read at every launch, so that a benchmark can compare both; the same bytes).
-bool fourEncodeBlocks() { return launchFlag("QCOMM_CUDA_ENCODE_BLOCKS", "4", "3"); }
+// The encoders compiled for 4 blocks per SM (see encodeKernel) or 3. By default 4 for fp32 input
+// but the 8-bit asymmetric codec: measured on the H200 (codec_timing, 2026-11-30), the fp32 4-bit
+// and 8-bit symmetric encoders with 4 blocks (and the full grid) ran at 0.99-1.07x the speed of
+// the 3-block ones on the resident grid from 48 MiB to 1 GiB (1.04-1.07x at 64 MiB), while the
+// 8-bit asymmetric one, whose 64-register build spills, ran at 0.94-0.96x, and with bf16 input
+// (whose 4-block builds spill in every codec) the encoders at 0.86-1.08x; fp16 and bf16 keep 3.
+// QCOMM_CUDA_ENCODE_BLOCKS=4 or 3 sets it for every encoder (read at every launch; the same bytes).
+template <class T>
+bool fourEncodeBlocks(int bits, bool sym) {
+  const int s = launchSetting("QCOMM_CUDA_ENCODE_BLOCKS", {"3", "4"});
+  if (s >= 0) return s == 1;
+  return std::is_same<T, float>::value && (bits == 4 || sym);
+}
 
 // QCOMM_CUDA_DECODE_UNROLL=8: the decoder takes 8 items per thread and loop step rather than
 // kDecodeUnroll (see decodeKernel; read at every launch; the same values).
@@ -534,19 +568,21 @@ template <class T>
 void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const Noise& noise,
                   cudaStream_t s) {
   const bool prefetch = prefetchOn();
-  const bool four = fourEncodeBlocks();
   const bool staged = stagedEncode();
+  const bool four = fourEncodeBlocks<T>(c.bits, c.symmetric != 0);
+  const bool full = fullGridFor(n, four);
   withCodec(c, [&](auto k) {
     using K = decltype(k);
     constexpr auto kStagedKernel = encodeKernel<T, K::bits, K::sym, 3, true>;
     if (staged && sharedAllowed<kStagedKernel, stagedBytes<T>()>()) {
-      launch<kStagedKernel, stagedBytes<T>()>(slabBlocks(n), s, x, n, c, dst, noise, false);
+      launch<kStagedKernel, stagedBytes<T>()>(slabBlocks(n), fullGridFor(n, false), s, x, n, c, dst,
+                                              noise, false);
     } else if (four) {
-      launch<encodeKernel<T, K::bits, K::sym, 4, false>>(slabBlocks(n), s, x, n, c, dst, noise,
-                                                         prefetch);
+      launch<encodeKernel<T, K::bits, K::sym, 4, false>>(slabBlocks(n), full, s, x, n, c, dst,
+                                                         noise, prefetch);
     } else {
-      launch<encodeKernel<T, K::bits, K::sym, 3, false>>(slabBlocks(n), s, x, n, c, dst, noise,
-                                                         prefetch);
+      launch<encodeKernel<T, K::bits, K::sym, 3, false>>(slabBlocks(n), full, s, x, n, c, dst,
+                                                         noise, prefetch);
     }
   });
 }
@@ -554,17 +590,18 @@ void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const
 template <class T>
 void launchCast(const T* x, int64_t n, int32_t to, void* out, cudaStream_t s) {
   const int64_t blocks = elementBlocks(n, 1);
+  const bool full = fullGridFor(n, false);
   if (to == kFloat32)
-    launch<castKernel<T, float>>(blocks, s, x, n, static_cast<float*>(out));
+    launch<castKernel<T, float>>(blocks, full, s, x, n, static_cast<float*>(out));
   else if (to == kFloat16)
-    launch<castKernel<T, fp16_t>>(blocks, s, x, n, static_cast<fp16_t*>(out));
+    launch<castKernel<T, fp16_t>>(blocks, full, s, x, n, static_cast<fp16_t*>(out));
   else
-    launch<castKernel<T, bf16_t>>(blocks, s, x, n, static_cast<bf16_t*>(out));
+    launch<castKernel<T, bf16_t>>(blocks, full, s, x, n, static_cast<bf16_t*>(out));
 }
 
 template <class T>
 void launchRawToFloat(const T* x, int64_t n, float* out, bool accumulate, cudaStream_t s) {
-  launch<rawToFloatKernel<T>>(elementBlocks(n, 1), s, x, n, out, accumulate);
+  launch<rawToFloatKernel<T>>(elementBlocks(n, 1), fullGridFor(n, false), s, x, n, out, accumulate);
 }
 
 template <class T>
@@ -574,8 +611,8 @@ void launchHop(const uint8_t* src, const CodecSpec& in, const T* local, int64_t 
     withCodec(out, [&](auto ko) {
       using I = decltype(ki);
       using O = decltype(ko);
-      launch<hopKernel<T, I::bits, I::sym, O::bits, O::sym>>(slabBlocks(n), s, src, in, local, n,
-                                                             partial, out, dst, noise);
+      launch<hopKernel<T, I::bits, I::sym, O::bits, O::sym>>(
+          slabBlocks(n), fullGridFor(n, false), s, src, in, local, n, partial, out, dst, noise);
     });
   });
 }
@@ -625,12 +662,13 @@ cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out
   }
   const bool prefetch = prefetchOn();
   const bool wide = decodeUnroll8();
+  const bool full = fullGridFor(n, true);
   withCodec(c, [&](auto k) {
     using K = decltype(k);
     auto run = [&](auto unroll) {
       constexpr int kU = decltype(unroll)::value;
-      launch<decodeKernel<K::bits, K::sym, kU>>(elementBlocks(n, 4 * kU), stream, src, n, c, out,
-                                                accumulate, prefetch);
+      launch<decodeKernel<K::bits, K::sym, kU>>(elementBlocks(n, 4 * kU), full, stream, src, n, c,
+                                                out, accumulate, prefetch);
     };
     if (wide) {
       run(std::integral_constant<int, 8>{});
@@ -692,7 +730,7 @@ cudaError_t codecPreload() {
 
 cudaError_t divide(float* x, int64_t n, float divisor, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  launch<divideKernel>(elementBlocks(n, 1), stream, x, n, divisor);
+  launch<divideKernel>(elementBlocks(n, 1), fullGridFor(n, false), stream, x, n, divisor);
   return cudaGetLastError();
 }
 
@@ -713,8 +751,8 @@ cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const Co
     for (int k = 0; k < s.count; ++k) s.block[k] = srcs[first + k];
     withCodec(c, [&](auto k) {
       using K = decltype(k);
-      launch<decodeSumKernel<K::bits, K::sym>>(elementBlocks(n, 4), stream, s, n, c, out,
-                                               first > 0);
+      launch<decodeSumKernel<K::bits, K::sym>>(elementBlocks(n, 4), fullGridFor(n, false), stream,
+                                               s, n, c, out, first > 0);
     });
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "../codec.h"
 
@@ -56,10 +57,14 @@ int balancedGrid(int64_t needed, int64_t cap);
 // that kernel, and it for this rank. Called at the IPC transport's set-up (see ipcPreload).
 cudaError_t codecPreload();
 
-// An experimental launch setting read at every launch or call (QCOMM_CUDA_PREFETCH,
-// QCOMM_CUDA_ENCODE_BLOCKS, QCOMM_CUDA_ENCODE_STAGED, QCOMM_IPC_RELEASE_FENCE): true when the
-// variable `name` holds `on`. Unset, empty or `off` is the default; any other value is too, with
-// one warning per process and setting on stderr that names the values it understands.
+// A launch setting read at every launch or call (QCOMM_CUDA_FULL_GRID, QCOMM_CUDA_ENCODE_BLOCKS,
+// QCOMM_CUDA_PREFETCH, QCOMM_CUDA_ENCODE_STAGED, QCOMM_CUDA_DECODE_UNROLL,
+// QCOMM_IPC_RELEASE_FENCE): the index in `values` of what the variable `name` holds, or -1 when it
+// is unset or empty (the default), or holds anything else (the default too, with one warning per
+// process and setting on stderr that names the values it takes).
+int launchSetting(const char* name, std::initializer_list<const char*> values);
+
+// launchSetting(name, {off, on}) == 1: true when the variable holds `on`.
 bool launchFlag(const char* name, const char* on, const char* off = "0");
 
 }  // namespace gpu

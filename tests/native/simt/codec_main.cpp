@@ -344,16 +344,22 @@ int main(int argc, char** argv) {
   // QCOMM_CUDA_ENCODE_BLOCKS=4 (the encoders compiled for 4 blocks per SM), both, and
   // QCOMM_CUDA_ENCODE_STAGED=1 (the encoders' slabs through shared memory by cp.async, each copy
   // done only at its wait, the stage filled with NaN bytes until then), and
-  // QCOMM_CUDA_FULL_GRID=1 (every block the work needs, one turn each), and
-  // QCOMM_CUDA_DECODE_UNROLL=8 (8 items per decoder thread and step): the same bytes
+  // QCOMM_CUDA_FULL_GRID=1 (every block the work needs, one turn each),
+  // QCOMM_CUDA_DECODE_UNROLL=8 (8 items per decoder thread and step), and QCOMM_CUDA_FULL_GRID=0
+  // with QCOMM_CUDA_ENCODE_BLOCKS=3 (the resident grid and the 3-block encoders for every codec,
+  // the default before 2026-11-30; the default takes 4 for fp32 but 8-bit asymmetric): the same
+  // bytes
   before = cases;
   const int failuresBeforeVariants = failures;
   simt::prefetchHook = simt::checkPrefetch;
-  for (int variant = 1; variant <= 6; ++variant) {
+  for (int variant = 1; variant <= 7; ++variant) {
     if (variant == 5) {
       setenv("QCOMM_CUDA_FULL_GRID", "1", 1);
     } else if (variant == 6) {
       setenv("QCOMM_CUDA_DECODE_UNROLL", "8", 1);
+    } else if (variant == 7) {
+      setenv("QCOMM_CUDA_FULL_GRID", "0", 1);
+      setenv("QCOMM_CUDA_ENCODE_BLOCKS", "3", 1);
     } else {
       if (variant & 1) setenv("QCOMM_CUDA_PREFETCH", "1", 1);
       if (variant & 2) setenv("QCOMM_CUDA_ENCODE_BLOCKS", "4", 1);
@@ -378,10 +384,14 @@ int main(int argc, char** argv) {
     checkEncodeDecode(kFloat32, CodecSpec{8, 128, 1, kFloat32}, 41 * 1024, 0, false, 0, gen);
   }
   unsetenv("QCOMM_CUDA_ENCODE_STAGED");
+  setenv("QCOMM_CUDA_FULL_GRID", "2", 1);  // a three-way setting's refusal names its values
+  checkEncodeDecode(kFloat32, CodecSpec{4, 128, 0, kFloat32}, 41 * 1024, 0, false, 0, gen);
+  unsetenv("QCOMM_CUDA_FULL_GRID");
   simt::prefetchHook = nullptr;
   if (simt::prefetches == 0 || simt::strayPrefetches != 0) ++failures;
   std::printf(
-      "launch variants (prefetch, 4 encode blocks, both, staged, full grid, decode unroll 8): %lld "
+      "launch variants (prefetch, 4 encode blocks, both, staged, full grid, decode unroll 8, "
+      "resident grid with 3 encode blocks): %lld "
       "cases, %d "
       "differences, %lld "
       "addresses prefetched, %lld outside the tensor read\n",
