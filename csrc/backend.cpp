@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -26,6 +27,12 @@ int32_t codecDtype(at::ScalarType t) {
   }
 }
 
+namespace {
+std::atomic<int64_t> liveBackends{0};
+}  // namespace
+
+int64_t QncclBackend::liveCount() { return liveBackends.load(); }
+
 QncclBackend::QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
                            c10::intrusive_ptr<c10d::Backend> gloo,
                            c10::intrusive_ptr<c10d::Backend> nccl, const QuantConfig& config,
@@ -39,9 +46,10 @@ QncclBackend::QncclBackend(int rank, int size, std::chrono::milliseconds timeout
   TORCH_CHECK(gloo_, prefix(), "qnccl needs an inner Gloo backend");
   validateConfig(config_);
   init();
+  liveBackends.fetch_add(1);
 }
 
-QncclBackend::~QncclBackend() = default;
+QncclBackend::~QncclBackend() { liveBackends.fetch_sub(1); }
 
 std::string QncclBackend::prefix() const { return rankPrefix(getRank(), getSize()); }
 

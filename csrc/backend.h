@@ -42,6 +42,10 @@ class QncclBackend : public c10d::Backend {
                const QuantConfig& config, c10::intrusive_ptr<c10d::Store> store = {});
   ~QncclBackend() override;
 
+  // QncclBackend objects alive in this process (a test reads it: destroy_process_group must
+  // destroy a group's backend, and its inner Gloo and NCCL backends, before it returns).
+  static int64_t liveCount();
+
   const std::string getBackendName() const override { return "qnccl"; }
 
   // configuration and statistics (Python: qcomm.set_config / get_config / stats)

@@ -1075,10 +1075,17 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
     dist.init_process_group("qnccl", init_method="env://")
     _use_default_group(rank, world)
     q_twice = _destroy_twice()
+    # destroy_process_group destroyed the backend (and with it the inner Gloo backend) before it
+    # returned, not at some later garbage collection
+    assert qcomm._C.live_backends() == 0
 
-    # the same with a plain gloo default group, for comparison
+    # the same with a plain gloo default group, for comparison. Of world size 1 (its own file per
+    # rank): what a second destroy does does not depend on the world size, and a Gloo group of
+    # several ranks created right after a destroyed qnccl group failed to connect about once in 50
+    # to 100 runs here ("Gloo connectFullMesh failed ... Connection closed by peer"; README, "Known
+    # issues"), which is not what this test is about
     file_barrier(tmp, "after-env", rank, world)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/gloo{rank}", rank=0, world_size=1)
     g_twice = _destroy_twice()
     assert q_twice == g_twice, (q_twice, g_twice)
 
@@ -1095,8 +1102,11 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
         assert torch.equal(t, torch.full((3,), 3.0))
         assert qcomm.get_config(sub) == qcomm.QuantConfig()
     dist.destroy_process_group(sub)  # a no-op on rank 2 (NON_GROUP_MEMBER)
+    del sub  # the last reference to the subgroup: its backend goes with it
+    assert qcomm._C.live_backends() == 1  # the default group's
     _use_default_group(rank, world)
     dist.destroy_process_group()
+    assert qcomm._C.live_backends() == 0
 
     # file://, with pg_options: a fresh default group after two destroyed ones, quantizing
     file_barrier(tmp, "after-tcp", rank, world)
@@ -1111,6 +1121,7 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
     _use_default_group(rank, world, quantize=True)
     dist.destroy_process_group()
     assert not dist.is_initialized()
+    assert qcomm._C.live_backends() == 0
     return {"destroy_twice": q_twice}
 
 
