@@ -16,8 +16,9 @@ Two steps, both run by scripts/gpu_check.sh:
     python benchmarks/ncu_codec.py report raw.csv [ncu.log ...]
 
 `run` (needs a GPU and the CUDA build) launches each codec kernel once on an fp32 tensor of
---mib MiB (groups of 128), the encoders also as compiled for 4 blocks per SM
-(QCOMM_CUDA_ENCODE_BLOCKS=4) and staging their slabs in shared memory (QCOMM_CUDA_ENCODE_STAGED=1),
+--mib MiB (groups of 128), the encoders also as compiled for 3 and for 4 blocks per SM
+(QCOMM_CUDA_ENCODE_BLOCKS=3, 4; by default fp32 takes 4 but for the 8-bit asymmetric codec) and
+staging their slabs in shared memory (QCOMM_CUDA_ENCODE_STAGED=1),
 and a streaming elementwise kernel of torch's (y = x + 0: 4 bytes read
 and 4 written per element) as the reference for what a plain stream reaches. `report` reads ncu's
 raw CSV page (one row per profiled kernel, a row of units under the header; numbers may carry
@@ -56,14 +57,18 @@ def run(mib: int) -> int:
         for sym in (False, True):
             enc = _C.cuda_codec_encode(x, bits, 128, sym)
             _C.cuda_codec_decode(enc, n, bits, 128, sym)
-            # the encoder compiled for 4 blocks per SM, and staging its slabs in shared memory
-            # (the settings are read at every launch)
-            for setting, value in (("QCOMM_CUDA_ENCODE_BLOCKS", "4"), ("QCOMM_CUDA_ENCODE_STAGED", "1")):  # fmt: skip
+            # the encoder compiled for 3 and for 4 blocks per SM (one of them the default), and
+            # staging its slabs in shared memory (the settings are read at every launch)
+            for setting, value in (
+                ("QCOMM_CUDA_ENCODE_BLOCKS", "3"),
+                ("QCOMM_CUDA_ENCODE_BLOCKS", "4"),
+                ("QCOMM_CUDA_ENCODE_STAGED", "1"),
+            ):
                 os.environ[setting] = value
                 _C.cuda_codec_encode(x, bits, 128, sym)
                 del os.environ[setting]
     torch.cuda.synchronize()
-    print(f"ran the codec kernels once each on {mib} MiB of fp32, the encoders in three variants")
+    print(f"ran the codec kernels once each on {mib} MiB of fp32, the encoders in four variants")
     return 0
 
 
