@@ -3,8 +3,10 @@ qnccl group sometimes fails to connect. Not a test (pytest does not collect it);
 
     .venv/bin/python tests/native/repro_gloo_after_qnccl.py --first qnccl --iters 40
     .venv/bin/python tests/native/repro_gloo_after_qnccl.py --first gloo --iters 40
+    .venv/bin/python tests/native/repro_gloo_after_qnccl.py --first wrapgloo --iters 60
 
-3 ranks, each iteration: a default group of `--first` (env://), an allreduce and a barrier on it,
+3 ranks, each iteration: a default group of `--first` (env://; `wrapgloo`: a backend registered as
+qnccl is, whose creator returns torch's own ProcessGroupGloo), an allreduce and a barrier on it,
 destroy_process_group; a file barrier; a default Gloo group (file://), destroyed. It prints the
 first failure, or "ok" per rank, and exits 1 on a failure. How often it failed here, and what
 did not fail: README, "Known issues"; the cause is not known.
@@ -43,6 +45,13 @@ def _barrier(tmp: str, name: str, rank: int, world: int) -> None:
 def _rank(rank, world, args, ports, tmp, out):
     import qcomm  # noqa: F401  (registers qnccl)
 
+    if args.first == "wrapgloo" and not hasattr(dist.Backend, "WRAPGLOO"):
+        # a third-party backend that is nothing but torch's own ProcessGroupGloo: no qcomm code
+        def create(opts, pg_options):
+            store = dist.PrefixStore("gloo", opts.store)
+            return dist.ProcessGroupGloo(store, opts.group_rank, opts.group_size, opts.timeout)
+
+        dist.Backend.register_backend("wrapgloo", create, extended_api=True, devices=["cpu"])
     for i in range(args.iters):
         os.environ.update(
             MASTER_ADDR="127.0.0.1",
@@ -73,7 +82,7 @@ def _rank(rank, world, args, ports, tmp, out):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--first", choices=("qnccl", "gloo"), default="qnccl")
+    ap.add_argument("--first", choices=("qnccl", "gloo", "wrapgloo"), default="qnccl")
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--world", type=int, default=3)
     ap.add_argument("--no-collectives", action="store_true")
