@@ -450,9 +450,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // switch (tests and benchmarks compare them; users set QCOMM_CPU_ISA)
   m.def("cpu_isas", &cpuIsas);
   m.def("cpu_isa", &cpuIsa);
+  m.def("set_cpu_isa", &setCpuIsa, py::arg("name"));
   m.def("live_backends", &QncclBackend::liveCount,
         "QncclBackend objects alive in this process (for tests of group destruction)");
-  m.def("set_cpu_isa", &setCpuIsa, py::arg("name"));
   m.def("cast_to_float", &castToFloatT, py::arg("x"));
   m.def("ipc_two_step_emulate", &ipcEmulate, py::arg("inputs"), py::arg("buffers"),
         py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,

@@ -32,10 +32,11 @@
 // Always inlined, on the device and on the host: codec_cpu.cpp compiles its group loops once per
 // instruction set (AVX2, AVX-512, baseline), and only code inlined into those loops is compiled
 // for theirs; a call out of them would run the baseline copy.
+#define QCOMM_ALWAYS_INLINE inline __attribute__((always_inline))
 #if defined(__CUDACC__)
 #define QCOMM_HD __host__ __device__ __forceinline__
 #else
-#define QCOMM_HD inline __attribute__((always_inline))
+#define QCOMM_HD QCOMM_ALWAYS_INLINE
 #endif
 
 namespace qcomm {

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace qcomm {
@@ -46,8 +45,6 @@ void forElems(int64_t n, F&& f) {
 // these functions too; codec.h's explicit fmaf is exact either way), and the reductions are
 // min/max, which do not depend on order (codec.h groupParams). tests/test_cpu_isa.py compares
 // every instruction set this CPU has with the reference model.
-
-#define QCOMM_ALWAYS_INLINE inline __attribute__((always_inline))
 
 QCOMM_ALWAYS_INLINE void encodeRange(const void* x, int32_t dtype, int64_t n, const CodecSpec& c,
                                      int64_t g0, int64_t g1, uint8_t* dst, const Noise& noise) {
@@ -166,39 +163,29 @@ const GroupLoops& groupLoops() {
   return kLoops[i];
 }
 
+// bits 0: the elements cast to c.rawDtype
 template <class T>
-void encodeTyped(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const Noise& noise) {
-  if (c.bits == 0) {
-    switch (c.rawDtype) {
-      case kFloat32:
-        forElems(n, [&](int64_t b, int64_t e) {
-          float* o = reinterpret_cast<float*>(dst);
-          for (int64_t i = b; i < e; ++i) o[i] = toFloat(x[i]);
-        });
-        return;
-      case kFloat16:
-        forElems(n, [&](int64_t b, int64_t e) {
-          fp16_t* o = reinterpret_cast<fp16_t*>(dst);
-          for (int64_t i = b; i < e; ++i) o[i] = fromFloat<fp16_t>(toFloat(x[i]));
-        });
-        return;
-      default:
-        forElems(n, [&](int64_t b, int64_t e) {
-          bf16_t* o = reinterpret_cast<bf16_t*>(dst);
-          for (int64_t i = b; i < e; ++i) o[i] = fromFloat<bf16_t>(toFloat(x[i]));
-        });
-        return;
-    }
+void encodeRaw(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst) {
+  switch (c.rawDtype) {
+    case kFloat32:
+      forElems(n, [&](int64_t b, int64_t e) {
+        float* o = reinterpret_cast<float*>(dst);
+        for (int64_t i = b; i < e; ++i) o[i] = toFloat(x[i]);
+      });
+      return;
+    case kFloat16:
+      forElems(n, [&](int64_t b, int64_t e) {
+        fp16_t* o = reinterpret_cast<fp16_t*>(dst);
+        for (int64_t i = b; i < e; ++i) o[i] = fromFloat<fp16_t>(toFloat(x[i]));
+      });
+      return;
+    default:
+      forElems(n, [&](int64_t b, int64_t e) {
+        bf16_t* o = reinterpret_cast<bf16_t*>(dst);
+        for (int64_t i = b; i < e; ++i) o[i] = fromFloat<bf16_t>(toFloat(x[i]));
+      });
+      return;
   }
-  // The padding between metadata and data is zeroed so the wire bytes are fully determined.
-  const int64_t meta = metaBytes(n, c);
-  std::memset(dst + meta, 0, size_t(dataOffset(n, c) - meta));
-  const EncodeRangeFn encode = groupLoops().encode;
-  const int32_t dtype = std::is_same<T, float>::value    ? kFloat32
-                        : std::is_same<T, fp16_t>::value ? kFloat16
-                                                         : kBFloat16;
-  forGroupRanges(numGroups(n, c),
-                 [&](int64_t g0, int64_t g1) { encode(x, dtype, n, c, g0, g1, dst, noise); });
 }
 
 template <class T>
@@ -230,16 +217,25 @@ void toFloatDispatch(const void* x, int32_t dtype, int64_t n, float* out, bool a
 void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
                  const Noise& noise) {
   if (n == 0) return;
-  switch (dtype) {
-    case kFloat32:
-      encodeTyped(static_cast<const float*>(x), n, c, dst, noise);
-      break;
-    case kFloat16:
-      encodeTyped(static_cast<const fp16_t*>(x), n, c, dst, noise);
-      break;
-    default:
-      encodeTyped(static_cast<const bf16_t*>(x), n, c, dst, noise);
+  if (c.bits == 0) {
+    switch (dtype) {
+      case kFloat32:
+        encodeRaw(static_cast<const float*>(x), n, c, dst);
+        break;
+      case kFloat16:
+        encodeRaw(static_cast<const fp16_t*>(x), n, c, dst);
+        break;
+      default:
+        encodeRaw(static_cast<const bf16_t*>(x), n, c, dst);
+    }
+    return;
   }
+  // The padding between metadata and data is zeroed so the wire bytes are fully determined.
+  const int64_t meta = metaBytes(n, c);
+  std::memset(dst + meta, 0, size_t(dataOffset(n, c) - meta));
+  const EncodeRangeFn encode = groupLoops().encode;
+  forGroupRanges(numGroups(n, c),
+                 [&](int64_t g0, int64_t g1) { encode(x, dtype, n, c, g0, g1, dst, noise); });
 }
 
 void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, bool accumulate) {
@@ -306,7 +302,7 @@ void divideBy(float* x, int64_t n, float divisor) {
 
 void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) {
   CodecSpec raw{0, 32, 1, dtype};
-  encodeTyped(x, n, raw, static_cast<uint8_t*>(out), Noise{0, 0, 0});
+  encodeRaw(x, n, raw, static_cast<uint8_t*>(out));
 }
 
 }  // namespace qcomm
