@@ -199,17 +199,23 @@ void castTo(const T* x, int64_t n, float* out, bool accumulate) {
   });
 }
 
-void toFloatDispatch(const void* x, int32_t dtype, int64_t n, float* out, bool accumulate) {
+// f(x as a pointer to the elements of `dtype`)
+template <class F>
+void withElements(const void* x, int32_t dtype, F&& f) {
   switch (dtype) {
     case kFloat32:
-      castTo(static_cast<const float*>(x), n, out, accumulate);
+      f(static_cast<const float*>(x));
       break;
     case kFloat16:
-      castTo(static_cast<const fp16_t*>(x), n, out, accumulate);
+      f(static_cast<const fp16_t*>(x));
       break;
     default:
-      castTo(static_cast<const bf16_t*>(x), n, out, accumulate);
+      f(static_cast<const bf16_t*>(x));
   }
+}
+
+void toFloatDispatch(const void* x, int32_t dtype, int64_t n, float* out, bool accumulate) {
+  withElements(x, dtype, [&](auto* p) { castTo(p, n, out, accumulate); });
 }
 
 }  // namespace
@@ -218,16 +224,7 @@ void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, ui
                  const Noise& noise) {
   if (n == 0) return;
   if (c.bits == 0) {
-    switch (dtype) {
-      case kFloat32:
-        encodeRaw(static_cast<const float*>(x), n, c, dst);
-        break;
-      case kFloat16:
-        encodeRaw(static_cast<const fp16_t*>(x), n, c, dst);
-        break;
-      default:
-        encodeRaw(static_cast<const bf16_t*>(x), n, c, dst);
-    }
+    withElements(x, dtype, [&](auto* p) { encodeRaw(p, n, c, dst); });
     return;
   }
   // The padding between metadata and data is zeroed so the wire bytes are fully determined.
