@@ -15,6 +15,7 @@
 #include "ipc_exchange.h"
 #include "ipc_host.h"
 #include "ipc_layout.h"
+#include "testing_wire.h"
 
 namespace py = pybind11;
 
@@ -432,6 +433,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           py::arg("tensor"), py::arg("op"));
 
+  // test-only hooks
+  py::module testing = m.def_submodule("_testing", "test-only hooks (not a public API)");
+  py::class_<RecordingBackend, NoGilPtr<RecordingBackend>>(testing, "RecordingBackend", backendBase)
+      .def(py::init([](py::object inner) {
+             return c10::make_intrusive<RecordingBackend>(
+                 c10::intrusive_ptr<c10d::Backend>::reclaim_copy(inner.cast<c10d::Backend*>()));
+           }),
+           py::arg("inner"))
+      .def("log", &RecordingBackend::log)
+      .def("clear", &RecordingBackend::clear);
   m.def("codec_encode", &codecEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
         py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
   // test hook of the collective (NCCL-ready) path; not wired into allreduce yet

@@ -1,0 +1,192 @@
+"""A fixed set of quantized allreduces whose wire bytes and results are recorded in
+tests/data/wire_fixture.json, so that a refactoring can show it changed neither.
+
+Ranks are threads of this process over real Gloo backends, each wrapped in a recording backend
+(qcomm._C._testing.RecordingBackend) that logs every send (peer, tag, length, a digest of the
+bytes), every posted receive (peer, tag, length), the plan header's exchange, and the sizes of
+collectives. For each case and rank the fixture holds a digest of the output's bytes and a digest
+of the sorted wire log. Two paths run: the backend's allreduce (what dist.all_reduce does on CPU
+tensors), and the collective schedule that CUDA tensors take (NCCL's shape, here over Gloo).
+
+    python tests/wire_cases.py --record   # rewrite the fixture (only when a change is meant to
+                                          # change the wire; say so in the commit)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import itertools
+import json
+import os
+import threading
+
+import torch
+import torch.distributed as dist
+
+import qcomm
+from qcomm import _C
+
+FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "wire_fixture.json")
+
+ALGOS = ["two_step", "ring", "semi_ring"]
+BITS = [(8, 8), (4, 8), (4, 4), (None, 8), (8, None)]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+NUMELS = [1, 1000, 65539, 300001]
+WORLDS = [2, 3, 4]
+
+
+def _testing(name):
+    t = getattr(_C, "_testing", None)
+    if t is not None and hasattr(t, name):
+        return getattr(t, name)
+    return getattr(_C, name)
+
+
+def cases():
+    """(name, world, path, config fields, dtype, numel, average) for every case, in run order."""
+    out = []
+    for world in WORLDS:
+        for i, (algo, (rs, ag), dtype, numel) in enumerate(
+            itertools.product(ALGOS, BITS, DTYPES, NUMELS)
+        ):
+            # every (algo, bits, dtype) at two sizes, rotating; the mode rotates over the rest
+            if (i + world) % 2:
+                continue
+            cfg = dict(
+                algorithm=algo,
+                rs_bits=rs,
+                ag_bits=ag,
+                min_bytes=0,
+                microshards=(1, 3, 4)[(i // 2 + world) % 3],
+                symmetric=bool((i // 3) % 2),
+                stochastic_rounding=bool((i // 5) % 2),
+                rotate=(i % 7 == 0),
+            )
+            avg = bool((i // 4) % 2)
+            name = f"W{world} {algo} {rs}/{ag} {str(dtype)[6:]} n={numel} " + " ".join(
+                f"{k}={v}" for k, v in cfg.items() if k not in ("algorithm", "rs_bits", "ag_bits")
+            )
+            out.append((name + f" avg={avg}", world, "allreduce", cfg, dtype, numel, avg))
+            if not cfg["rotate"] and i % 3 == 0:
+                c = dict(cfg)
+                out.append(
+                    (name + f" avg={avg} collective", world, "collective", c, dtype, numel, avg)
+                )
+    return out
+
+
+def _inputs(world, numel, dtype, seed):
+    xs = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(seed * 100 + r)
+        x = torch.randn(numel, generator=g) * (1.0 + r)
+        if numel > 10:
+            x[numel // 3] = 40.0 * (r + 1)  # an outlier, so groups differ in scale
+        xs.append(x.to(dtype))
+    return xs
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()[:16]
+
+
+class _Ranks:
+    def __init__(self, world):
+        store = dist.HashStore()
+        timeout = datetime.timedelta(seconds=120)
+        self.world = world
+        self.rec = [None] * world
+        self.be = [None] * world
+        cfg = qcomm.QuantConfig(min_bytes=0).as_tuple()
+        recording = _testing("RecordingBackend")
+
+        def make(r):
+            gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), r, world, timeout)
+            self.rec[r] = recording(gloo)
+            self.be[r] = _C.QncclBackend(r, world, timeout, self.rec[r], None, cfg)
+
+        self.on_all(make)
+
+    def on_all(self, fn):
+        errors = [None] * self.world
+
+        def run(r):
+            try:
+                fn(r)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors[r] = e
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r, e in enumerate(errors):
+            if e is not None:
+                raise RuntimeError(f"rank {r}: {e}") from e
+
+
+def _call(g, r, outs, path, avg):
+    if path == "allreduce":
+        o = dist.AllreduceOptions()
+        o.reduceOp = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
+        g.be[r].allreduce([outs[r]], o).wait()
+    else:
+        outs[r] = _testing("collective_allreduce_for_test")(g.be[r], outs[r], avg)
+
+
+def run_cases():
+    """{case name: [[output digest, wire digest, messages] per rank]}."""
+    result = {}
+    groups = {}
+    for seed, (name, world, path, cfg, dtype, numel, avg) in enumerate(cases()):
+        if world not in groups:
+            groups[world] = _Ranks(world)
+        g = groups[world]
+        xs = _inputs(world, numel, dtype, seed)
+        outs = [x.clone() for x in xs]
+        config = qcomm.QuantConfig(**cfg).as_tuple()
+        for b in g.be:
+            b.set_config(config)
+        for rec in g.rec:
+            rec.clear()
+
+        g.on_all(lambda r, g=g, outs=outs, path=path, avg=avg: _call(g, r, outs, path, avg))
+        per_rank = []
+        for r in range(world):
+            log = [tuple(e) for e in g.rec[r].log()]
+            if path == "collective":
+                # its units are padded to one size and the padding is not written: sizes only
+                log = [e[:4] for e in log]
+            log = sorted(log)
+            wire = _sha(repr(log).encode())
+            out = _sha(outs[r].contiguous().view(torch.uint8).numpy().tobytes())
+            per_rank.append([out, wire, len(log)])
+        result[name] = per_rank
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--record", action="store_true", help="rewrite the fixture")
+    a = ap.parse_args()
+    got = run_cases()
+    if a.record:
+        os.makedirs(os.path.dirname(FIXTURE), exist_ok=True)
+        with open(FIXTURE, "w") as f:
+            json.dump(got, f, indent=0, sort_keys=True)
+            f.write("\n")
+        print(f"recorded {len(got)} cases into {FIXTURE}")
+    else:
+        with open(FIXTURE) as f:
+            want = json.load(f)
+        bad = [k for k in want if got.get(k) != want[k]]
+        print(f"{len(want) - len(bad)} of {len(want)} cases unchanged")
+        for k in bad[:20]:
+            print("changed:", k, want[k], got.get(k))
+
+
+if __name__ == "__main__":
+    main()
