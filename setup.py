@@ -52,7 +52,8 @@ EXTRA = os.environ.get("QCOMM_EXTRA_CFLAGS", "").split()
 CXX_FLAGS += EXTRA
 NVCC_FLAGS = ["-O3", "-std=c++17", "-fmad=false", "--prec-div=true", "--prec-sqrt=true"]
 
-sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+# Every layer's C++ sources (csrc/<layer>/*.cpp; CUDA-only ones are guarded by QCOMM_WITH_CUDA).
+sources = sorted(glob.glob(os.path.join("csrc", "*", "*.cpp")))
 kwargs = dict(
     name="qcomm._C",
     sources=sources,
@@ -64,7 +65,6 @@ if _want_cuda():
     archs = os.environ.get("QCOMM_CUDA_ARCHS", "80;90").split(";")
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a]
     kwargs["sources"] += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
-    kwargs["sources"] += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
     # QCOMM_CUDA_SM<arch> records what was compiled, for qcomm._C.cuda_archs() and the tests
     marks = ["-DQCOMM_WITH_CUDA=1"] + [f"-DQCOMM_CUDA_SM{a}=1" for a in archs if a]
     kwargs["extra_compile_args"] = {

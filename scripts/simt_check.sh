@@ -48,7 +48,7 @@ obj() {  # obj OUT SRC [flags...]: compile unless OUT is newer than every source
 }
 
 obj "$OUTDIR/simt.o" tests/native/simt/simt.cpp "${EMU[@]}"
-obj "$OUTDIR/codec_cpu.o" csrc/codec_cpu.cpp
+obj "$OUTDIR/codec_cpu.o" csrc/codec/codec_cpu.cpp
 
 if [[ "$WHAT" == self ]]; then  # the emulator's own test: scripts/simt_check.sh self [ok|divergent|...]
   obj "$OUTDIR/selftest.o" tests/native/simt/selftest.cu "${KERNEL[@]}"
@@ -64,9 +64,9 @@ if [[ "$WHAT" == codec || "$WHAT" == all ]]; then
 fi
 if [[ "$WHAT" == ipc || "$WHAT" == all ]]; then
   obj "$OUTDIR/ipc_two_step.o" csrc/cuda/ipc_two_step.cu "${KERNEL[@]}"
-  for f in ipc_host ipc_layout plan config; do obj "$OUTDIR/$f.o" "csrc/$f.cpp"; done
+  for f in python/ipc_emulation cuda/ipc_layout plan/plan plan/config; do obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"; done
   obj "$OUTDIR/ipc_main.o" tests/native/simt/ipc_main.cpp
-  "$CXX" "$OUTDIR/ipc_main.o" "$OUTDIR/ipc_two_step.o" "$OUTDIR/ipc_host.o" "$OUTDIR/ipc_layout.o" \
+  "$CXX" "$OUTDIR/ipc_main.o" "$OUTDIR/ipc_two_step.o" "$OUTDIR/ipc_emulation.o" "$OUTDIR/ipc_layout.o" \
     "$OUTDIR/plan.o" "$OUTDIR/config.o" "$OUTDIR/codec_cpu.o" "$OUTDIR/simt.o" "${LIBS[@]}" \
     -o "$OUTDIR/simt_ipc"
   "$OUTDIR/simt_ipc" "$@"

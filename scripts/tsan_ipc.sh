@@ -12,8 +12,9 @@ mkdir -p "$OUTDIR"
 cd "$ROOT"
 g++ -std=c++17 -O1 -g -fsanitize=thread -fno-omit-frame-pointer -ffp-contract=off \
   -D_GLIBCXX_USE_CXX11_ABI=1 -I csrc -I "$TORCH/include" \
-  tests/native/ipc_race.cpp csrc/ipc_host.cpp csrc/ipc_layout.cpp csrc/codec_cpu.cpp \
-  csrc/plan.cpp csrc/config.cpp \
+  tests/native/ipc_race.cpp csrc/python/ipc_emulation.cpp csrc/cuda/ipc_layout.cpp \
+  csrc/codec/codec_cpu.cpp \
+  csrc/plan/plan.cpp csrc/plan/config.cpp \
   -L "$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -lpthread \
   -o "$OUTDIR/ipc_race"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" "$OUTDIR/ipc_race"

@@ -16,10 +16,10 @@
 #include <string>
 #include <type_traits>
 
-#include "codec_kernels.h"
-#include "launch.cuh"
-#include "tile_codec.cuh"
-#include "warp_codec.cuh"
+#include "cuda/codec_kernels.h"
+#include "cuda/launch.cuh"
+#include "cuda/tile_codec.cuh"
+#include "cuda/warp_codec.cuh"
 
 namespace qcomm {
 namespace gpu {

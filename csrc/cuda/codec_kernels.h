@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "../codec.h"
+#include "codec/codec.h"
 
 namespace qcomm {
 namespace gpu {

@@ -26,11 +26,11 @@
 // a rank that gives up records rank, step, peer and tile in host-mapped memory and sets the abort
 // word of every rank, so the others stop spinning too.
 #define QCOMM_PROTO_FN __device__ __forceinline__
-#include "../ipc_protocol.h"
-#include "ipc_two_step.h"
-#include "launch.cuh"
-#include "tile_codec.cuh"
-#include "warp_codec.cuh"
+#include "cuda/ipc_protocol.h"
+#include "cuda/ipc_two_step.h"
+#include "cuda/launch.cuh"
+#include "cuda/tile_codec.cuh"
+#include "cuda/warp_codec.cuh"
 
 namespace qcomm {
 namespace gpu {

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "../ipc_layout.h"
+#include "cuda/ipc_layout.h"
 
 namespace qcomm {
 namespace gpu {

@@ -17,7 +17,7 @@
 
 #include <type_traits>
 
-#include "warp_codec.cuh"
+#include "cuda/warp_codec.cuh"
 
 namespace qcomm {
 namespace gpu {

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "../codec.h"
+#include "codec/codec.h"
 
 namespace qcomm {
 namespace gpu {

@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "ipc_exchange.h"
-#include "ipc_host.h"
+#include "python/ipc_emulation.h"
+#include "transport/ipc_exchange.h"
 
 namespace qcomm {
 

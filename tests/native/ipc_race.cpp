@@ -13,10 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/ipc_layout.h"
 #include "exchange_check.h"
-#include "ipc_host.h"
-#include "ipc_layout.h"
-#include "plan.h"
+#include "plan/plan.h"
+#include "python/ipc_emulation.h"
 
 using namespace qcomm;
 

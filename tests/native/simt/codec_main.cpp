@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "codec_cpu.h"
+#include "codec/codec_cpu.h"
 #include "cuda/codec_kernels.h"
 #include "prefetch_hook.h"
 

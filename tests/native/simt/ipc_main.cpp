@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "../exchange_check.h"
-#include "codec_cpu.h"
+#include "codec/codec_cpu.h"
+#include "cuda/ipc_layout.h"
 #include "cuda/ipc_two_step.h"
-#include "ipc_host.h"
-#include "ipc_layout.h"
-#include "plan.h"
+#include "plan/plan.h"
 #include "prefetch_hook.h"
+#include "python/ipc_emulation.h"
 
 using namespace qcomm;
 

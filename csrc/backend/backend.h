@@ -1,0 +1,164 @@
+// QncclBackend: the c10d::Backend registered as "qnccl". An eligible allreduce runs a quantized
+// plan; every other call passes through, unchanged, to the inner Gloo (CPU) or NCCL (CUDA) backend.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
+#include <vector>
+
+#include "plan/config.h"
+#include "plan/plan.h"
+#include "transport/c10d_transport.h"
+
+namespace qcomm {
+
+// The codec's DType of a torch dtype, or -1 when it is not fp32, fp16 or bf16.
+int32_t codecDtype(at::ScalarType t);
+
+struct Stats {
+  std::atomic<int64_t> quantizedCalls{0};
+  std::atomic<int64_t> passthroughCalls{0};
+  std::atomic<int64_t> inputBytes{0};  // bytes of the tensors given to quantized allreduces
+  std::atomic<int64_t> wireBytes{0};   // bytes this rank sent for quantized allreduces
+};
+
+// The CUDA side of a group (backend_cuda.cpp): the device, the transport chosen at the first
+// quantized CUDA allreduce, and the side stream of async ops.
+struct CudaPath;
+struct CudaPathDeleter {
+  void operator()(CudaPath* p) const;
+};
+
+class QncclBackend : public c10d::Backend {
+ public:
+  QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
+               c10::intrusive_ptr<c10d::Backend> gloo, c10::intrusive_ptr<c10d::Backend> nccl,
+               const QuantConfig& config, c10::intrusive_ptr<c10d::Store> store = {});
+  ~QncclBackend() override;
+
+  // QncclBackend objects alive in this process (a test reads it: destroy_process_group must
+  // destroy a group's backend, and its inner Gloo and NCCL backends, before it returns).
+  static int64_t liveCount();
+
+  const std::string getBackendName() const override { return "qnccl"; }
+
+  // configuration and statistics (Python: qcomm.set_config / get_config / stats)
+  void setConfig(const QuantConfig& config);
+  QuantConfig getConfig() const;
+  const Stats& stats() const { return stats_; }
+  void resetStats();
+  // The sequence number the next quantized allreduce will carry (it seeds stochastic rounding).
+  uint32_t nextCallSeq() const { return callSeq_; }
+  // The plan an allreduce of this tensor would take now (for tests and diagnostics).
+  Plan planFor(const at::Tensor& t, c10d::ReduceOp op) const;
+  c10::intrusive_ptr<c10d::Backend> inner(bool cuda) const { return cuda ? nccl_ : gloo_; }
+  // The transport quantized CUDA allreduces use ("ipc" or "nccl"), "" before the first one, and
+  // why CUDA IPC was not chosen (empty when it was).
+  std::string cudaTransport() const;
+  std::string cudaTransportNote() const;
+  // With the IPC transport, how it runs two_step (QCOMM_IPC_KERNELS): "fused" or "separate";
+  // "" otherwise.
+  std::string cudaIpcKernels() const;
+  // QCOMM_IPC_PROFILE=1 at the group's CUDA-IPC set-up: (phase, cycles summed over the fused
+  // kernel's blocks) since then, and ("runs", block-pieces run); empty otherwise.
+  std::vector<std::pair<std::string, int64_t>> cudaIpcProfile() const;
+
+  // the quantized collective
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+
+  // pass-through collectives, dispatched on the tensors' device
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+
+  bool supportsCoalescing() const override { return nccl_ != nullptr; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+  void shutdown() override;
+  void abort() override;
+
+ private:
+  c10d::Backend* pick(const at::Tensor& t, const char* op) const;
+  // Counts a pass-through call and picks the inner backend for the first tensor.
+  c10d::Backend* pickAll(const std::vector<at::Tensor>& ts, const char* op) const;
+  std::string prefix() const;
+  c10::intrusive_ptr<c10d::Work> passThroughAllreduce(std::vector<at::Tensor>& tensors,
+                                                      const c10d::AllreduceOptions& opts);
+  void runQuantizedCpu(const Plan& plan, at::Tensor& tensor, std::chrono::milliseconds timeout);
+  c10::intrusive_ptr<c10d::Work> allreduceCuda(Plan plan, std::vector<at::Tensor>& tensors,
+                                               const c10d::AllreduceOptions& opts);
+  // The CUDA path of this group, set up (collectively, through the store) on first use.
+  CudaPath& cudaPath(int device, bool capturing);
+  std::chrono::milliseconds callTimeout(const c10d::AllreduceOptions& opts) const;
+  // Exchange the plan's header; throws on every rank, naming the difference, if ranks disagree.
+  void agreeOnPlan(const Plan& plan, Transport& t);
+
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+  c10::intrusive_ptr<c10d::Backend> nccl_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  mutable std::mutex cudaMutex_;
+  std::unique_ptr<CudaPath, CudaPathDeleter> cuda_;
+  std::string cudaSetupError_;  // the set-up failed: every later CUDA allreduce raises this
+  mutable std::mutex configMutex_;
+  QuantConfig config_;
+  Stats stats_;
+  std::atomic<bool> shutDown_{false};
+  std::atomic<uint32_t> callSeq_{0};  // quantized allreduces issued here (seeds the rounding noise)
+};
+
+}  // namespace qcomm

@@ -1,0 +1,305 @@
+// CPU loops over the shared codec: each loop walks whole groups, threaded with at::parallel_for.
+#include "codec/codec_cpu.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace qcomm {
+namespace {
+
+// Groups per parallel task: 256 groups of 128 elements is 32K elements, enough work to amortise a
+// task hand-off and small enough that a 1 MiB message still uses two cores.
+constexpr int64_t kGroupsPerTask = 256;
+constexpr int64_t kElemsPerTask = 1 << 15;
+
+template <class F>
+void forGroupRanges(int64_t groups, F&& f) {
+  at::parallel_for(0, groups, kGroupsPerTask, [&](int64_t begin, int64_t end) { f(begin, end); });
+}
+
+template <class F>
+void forGroups(int64_t groups, F&& f) {
+  forGroupRanges(groups, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) f(g);
+  });
+}
+
+template <class F>
+void forElems(int64_t n, F&& f) {
+  at::parallel_for(0, n, kElemsPerTask, [&](int64_t begin, int64_t end) { f(begin, end); });
+}
+
+// ---- the group loops, compiled once per instruction set and chosen at run time ----
+//
+// The same source (codec.h's per-group functions, inlined) compiled for the baseline x86-64, for
+// AVX2 and for AVX-512, so the compiler can vectorize the loops wider where the CPU allows. The
+// results are the same bits: every operation is an IEEE single-precision one, rounded to nearest
+// the same way at every vector width, contraction stays off (setup.py -ffp-contract=off holds for
+// these functions too; codec.h's explicit fmaf is exact either way), and the reductions are
+// min/max, which do not depend on order (codec.h groupParams). tests/test_cpu_isa.py compares
+// every instruction set this CPU has with the reference model.
+
+QCOMM_ALWAYS_INLINE void encodeRange(const void* x, int32_t dtype, int64_t n, const CodecSpec& c,
+                                     int64_t g0, int64_t g1, uint8_t* dst, const Noise& noise) {
+  switch (dtype) {
+    case kFloat32:
+      for (int64_t g = g0; g < g1; ++g)
+        encodeGroup(static_cast<const float*>(x), n, c, g, dst, noise);
+      break;
+    case kFloat16:
+      for (int64_t g = g0; g < g1; ++g)
+        encodeGroup(static_cast<const fp16_t*>(x), n, c, g, dst, noise);
+      break;
+    default:
+      for (int64_t g = g0; g < g1; ++g)
+        encodeGroup(static_cast<const bf16_t*>(x), n, c, g, dst, noise);
+  }
+}
+
+QCOMM_ALWAYS_INLINE void decodeRange(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0,
+                                     int64_t g1, float* out, bool accumulate) {
+  if (accumulate) {
+    for (int64_t g = g0; g < g1; ++g) decodeGroup<true>(src, n, c, g, out);
+  } else {
+    for (int64_t g = g0; g < g1; ++g) decodeGroup<false>(src, n, c, g, out);
+  }
+}
+
+using EncodeRangeFn = void (*)(const void*, int32_t, int64_t, const CodecSpec&, int64_t, int64_t,
+                               uint8_t*, const Noise&);
+using DecodeRangeFn = void (*)(const uint8_t*, int64_t, const CodecSpec&, int64_t, int64_t, float*,
+                               bool);
+
+#define QCOMM_GROUP_LOOPS(NAME, TARGET)                                                        \
+  TARGET void encodeRange##NAME(const void* x, int32_t dtype, int64_t n, const CodecSpec& c,   \
+                                int64_t g0, int64_t g1, uint8_t* dst, const Noise& noise) {    \
+    encodeRange(x, dtype, n, c, g0, g1, dst, noise);                                           \
+  }                                                                                            \
+  TARGET void decodeRange##NAME(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, \
+                                int64_t g1, float* out, bool accumulate) {                     \
+    decodeRange(src, n, c, g0, g1, out, accumulate);                                           \
+  }
+
+QCOMM_GROUP_LOOPS(Generic, )
+
+struct GroupLoops {
+  const char* name;
+  EncodeRangeFn encode;
+  DecodeRangeFn decode;
+  bool (*supported)();
+};
+
+bool always() { return true; }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+QCOMM_GROUP_LOOPS(Avx2, __attribute__((target("avx2,fma,bmi2"))))
+QCOMM_GROUP_LOOPS(Avx512,
+                  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2"))))
+
+bool hasAvx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("bmi2");
+}
+bool hasAvx512() {
+  return hasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+constexpr GroupLoops kLoops[] = {{"generic", encodeRangeGeneric, decodeRangeGeneric, always},
+                                 {"avx2", encodeRangeAvx2, decodeRangeAvx2, hasAvx2},
+                                 {"avx512", encodeRangeAvx512, decodeRangeAvx512, hasAvx512}};
+#else
+constexpr GroupLoops kLoops[] = {{"generic", encodeRangeGeneric, decodeRangeGeneric, always}};
+#endif
+constexpr int kNumLoops = int(sizeof(kLoops) / sizeof(kLoops[0]));
+
+int loopsIndex(const std::string& name) {
+  for (int i = 0; i < kNumLoops; ++i) {
+    if (name == kLoops[i].name) return i;
+  }
+  return -1;
+}
+
+// The index of the loops named `name` ("auto": the widest this CPU has); an unknown name, or one
+// this CPU lacks, is an error naming `what`, the value and what is allowed.
+int selectCpuIsa(const std::string& name, const char* what) {
+  std::string have;
+  int best = 0;
+  for (int i = 0; i < kNumLoops; ++i) {
+    if (!kLoops[i].supported()) continue;
+    have += std::string(have.empty() ? "" : ", ") + kLoops[i].name;
+    best = i;
+  }
+  if (name == "auto") return best;
+  const int i = loopsIndex(name);
+  if (i < 0 || !kLoops[i].supported()) {
+    throw std::invalid_argument(std::string("[qcomm] ") + what + "='" + name + "' is " +
+                                (i < 0 ? "not an instruction set" : "not available on this CPU") +
+                                ": allowed are auto, " + have);
+  }
+  return i;
+}
+
+// The loops every codec call uses: QCOMM_CPU_ISA at the first call (unset or "auto": the widest
+// this CPU has), or setCpuIsa's.
+std::atomic<int> chosenLoops{-1};
+
+const GroupLoops& groupLoops() {
+  int i = chosenLoops.load(std::memory_order_acquire);
+  if (i < 0) {
+    const char* env = std::getenv("QCOMM_CPU_ISA");
+    const std::string want = env != nullptr && *env != '\0' ? env : "auto";
+    i = selectCpuIsa(want, "QCOMM_CPU_ISA");
+    int expected = -1;
+    if (!chosenLoops.compare_exchange_strong(expected, i)) i = expected;
+  }
+  return kLoops[i];
+}
+
+// bits 0: the elements cast to c.rawDtype
+template <class T>
+void encodeRaw(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst) {
+  switch (c.rawDtype) {
+    case kFloat32:
+      forElems(n, [&](int64_t b, int64_t e) {
+        float* o = reinterpret_cast<float*>(dst);
+        for (int64_t i = b; i < e; ++i) o[i] = toFloat(x[i]);
+      });
+      return;
+    case kFloat16:
+      forElems(n, [&](int64_t b, int64_t e) {
+        fp16_t* o = reinterpret_cast<fp16_t*>(dst);
+        for (int64_t i = b; i < e; ++i) o[i] = fromFloat<fp16_t>(toFloat(x[i]));
+      });
+      return;
+    default:
+      forElems(n, [&](int64_t b, int64_t e) {
+        bf16_t* o = reinterpret_cast<bf16_t*>(dst);
+        for (int64_t i = b; i < e; ++i) o[i] = fromFloat<bf16_t>(toFloat(x[i]));
+      });
+      return;
+  }
+}
+
+template <class T>
+void castTo(const T* x, int64_t n, float* out, bool accumulate) {
+  forElems(n, [&](int64_t b, int64_t e) {
+    if (accumulate) {
+      for (int64_t i = b; i < e; ++i) out[i] = out[i] + toFloat(x[i]);
+    } else {
+      for (int64_t i = b; i < e; ++i) out[i] = toFloat(x[i]);
+    }
+  });
+}
+
+// f(x as a pointer to the elements of `dtype`)
+template <class F>
+void withElements(const void* x, int32_t dtype, F&& f) {
+  switch (dtype) {
+    case kFloat32:
+      f(static_cast<const float*>(x));
+      break;
+    case kFloat16:
+      f(static_cast<const fp16_t*>(x));
+      break;
+    default:
+      f(static_cast<const bf16_t*>(x));
+  }
+}
+
+void toFloatDispatch(const void* x, int32_t dtype, int64_t n, float* out, bool accumulate) {
+  withElements(x, dtype, [&](auto* p) { castTo(p, n, out, accumulate); });
+}
+
+}  // namespace
+
+void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
+                 const Noise& noise) {
+  if (n == 0) return;
+  if (c.bits == 0) {
+    withElements(x, dtype, [&](auto* p) { encodeRaw(p, n, c, dst); });
+    return;
+  }
+  // The padding between metadata and data is zeroed so the wire bytes are fully determined.
+  const int64_t meta = metaBytes(n, c);
+  std::memset(dst + meta, 0, size_t(dataOffset(n, c) - meta));
+  const EncodeRangeFn encode = groupLoops().encode;
+  forGroupRanges(numGroups(n, c),
+                 [&](int64_t g0, int64_t g1) { encode(x, dtype, n, c, g0, g1, dst, noise); });
+}
+
+void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, bool accumulate) {
+  if (n == 0) return;
+  if (c.bits == 0) {
+    toFloatDispatch(src, c.rawDtype, n, out, accumulate);
+    return;
+  }
+  const DecodeRangeFn decode = groupLoops().decode;
+  forGroupRanges(numGroups(n, c),
+                 [&](int64_t g0, int64_t g1) { decode(src, n, c, g0, g1, out, accumulate); });
+}
+
+std::vector<std::string> cpuIsas() {
+  std::vector<std::string> out;
+  for (int i = 0; i < kNumLoops; ++i) {
+    if (kLoops[i].supported()) out.push_back(kLoops[i].name);
+  }
+  return out;
+}
+
+std::string cpuIsa() { return groupLoops().name; }
+
+std::string setCpuIsa(const std::string& name) {
+  const std::string before = cpuIsa();
+  chosenLoops.store(selectCpuIsa(name, "cpu isa"), std::memory_order_release);
+  return before;
+}
+
+void addToFloat(const void* x, int32_t dtype, int64_t n, float* acc) {
+  toFloatDispatch(x, dtype, n, acc, true);
+}
+
+void castToFloat(const void* x, int32_t dtype, int64_t n, float* out) {
+  toFloatDispatch(x, dtype, n, out, false);
+}
+
+void rotateForward(const void* x, int32_t dtype, int64_t n, int groupSize, float* out) {
+  const int64_t groups = (n + groupSize - 1) / groupSize;
+  forGroups(groups, [&](int64_t g) {
+    const int64_t begin = g * groupSize;
+    const int64_t len = std::min<int64_t>(groupSize, n - begin);
+    castToFloat(static_cast<const uint8_t*>(x) + begin * dtypeBytes(dtype), dtype, len,
+                out + begin);
+    for (int64_t i = len; i < groupSize; ++i) out[begin + i] = 0.0f;
+    hadamardGroup(out + begin, groupSize);
+  });
+}
+
+void rotateInverse(float* y, int64_t paddedN, int groupSize) {
+  const float inv = 1.0f / float(groupSize);  // a power of two: exact
+  forGroups(paddedN / groupSize, [&](int64_t g) {
+    float* v = y + g * groupSize;
+    hadamardGroup(v, groupSize);
+    for (int i = 0; i < groupSize; ++i) v[i] = v[i] * inv;
+  });
+}
+
+void divideBy(float* x, int64_t n, float divisor) {
+  forElems(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] = x[i] / divisor;
+  });
+}
+
+void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) {
+  CodecSpec raw{0, 32, 1, dtype};
+  encodeRaw(x, n, raw, static_cast<uint8_t*>(out));
+}
+
+}  // namespace qcomm

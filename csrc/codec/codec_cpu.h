@@ -1,0 +1,47 @@
+// CPU loops over the shared codec (codec.h): encode and decode whole blocks, threaded over groups.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codec/codec.h"
+
+namespace qcomm {
+
+// Encode x[0..n) (elements of `dtype`) into dst, which holds encodedBytes(n, c) bytes. With
+// c.bits == 0 the elements are stored raw in c.rawDtype (converted, rounding to nearest even).
+// With noise.on, codes are rounded stochastically (codec.h quantizeStochastic).
+void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
+                 const Noise& noise = Noise{0, 0, 0});
+
+// Decode an encoded block of n elements into fp32: out = x^ (or out += x^ with accumulate).
+void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, bool accumulate);
+
+// acc[i] += float(x[i]) for x of `dtype`.
+void addToFloat(const void* x, int32_t dtype, int64_t n, float* acc);
+
+// out[i] = dtype(x[i]), rounding to nearest even.
+void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out);
+
+// x[i] = x[i] / divisor, in fp32 (AVG divides the sum by the world size).
+void divideBy(float* x, int64_t n, float divisor);
+
+// Rotation (codec.h hadamardGroup): out[0..ceil(n/g)*g) = H x per group, the last group padded
+// with zeros; and the inverse, in place: y = H y / g per group.
+void rotateForward(const void* x, int32_t dtype, int64_t n, int groupSize, float* out);
+void rotateInverse(float* y, int64_t paddedN, int groupSize);
+
+// out[i] = float(x[i]) for x of `dtype`.
+void castToFloat(const void* x, int32_t dtype, int64_t n, float* out);
+
+// The encode and decode loops are compiled for several instruction sets ("generic", the baseline
+// x86-64; "avx2"; "avx512"), the same bits from each. cpuIsas: those this CPU has; cpuIsa: the one
+// in use (at the first codec call, QCOMM_CPU_ISA, unset or "auto" for the widest this CPU has);
+// setCpuIsa: use `name` ("auto" or one of cpuIsas) from now on, returning the one used before.
+// An unknown or unavailable name throws std::invalid_argument.
+std::vector<std::string> cpuIsas();
+std::string cpuIsa();
+std::string setCpuIsa(const std::string& name);
+
+}  // namespace qcomm

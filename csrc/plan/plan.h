@@ -1,0 +1,90 @@
+// The plan: a pure function of facts every rank shares (numel, dtype, op, world size, config).
+// It never looks at data, timing or memory, so every rank takes the same path (DESIGN invariant 6).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codec/codec.h"
+#include "plan/config.h"
+
+namespace qcomm {
+
+struct ChunkRange {
+  int64_t begin;
+  int64_t len;
+};
+
+struct Plan {
+  bool quantize = false;  // false: pass through to the inner backend, `reason` says why
+  std::string reason;
+  int32_t algorithm = kAlgoNone;  // kTwoStep, kRing or kSemiRing when quantize
+  CodecSpec rs{};                 // reduce phase codec (bits 0 = raw input dtype)
+  CodecSpec ag{};                 // gather phase codec
+  int32_t dtype = kFloat32;
+  bool average = false;
+  int world = 1;
+  int64_t numel = 0;
+  // Chunk c of the message is [c * chunkElems, ...) clipped to numel: one chunk per rank, a
+  // multiple of the group size so that no quantization group straddles two chunks.
+  int64_t chunkElems = 0;
+  // Rings split each chunk into `microshards` shards of shardElems (a multiple of the group size)
+  // so that the transfer of one overlaps the decode-add-encode of the previous one.
+  int32_t microshards = 1;
+  int64_t shardElems = 0;
+  // Rotation: the algorithm runs on the fp32 rotated message of `numel` (the user's element count
+  // rounded up to whole groups); userNumel and userDtype describe the caller's tensor.
+  bool rotate = false;
+  // Stochastic rounding, and the call's sequence number on this group (counted alike on every
+  // rank; it seeds the rounding noise, set by the backend).
+  bool stochastic = false;
+  uint32_t callSeq = 0;
+  int64_t userNumel = 0;
+  int32_t userDtype = kFloat32;
+
+  ChunkRange chunk(int c) const;
+  ChunkRange shard(int c, int k) const;  // absolute element range of shard k of chunk c
+};
+
+// Stochastic-rounding noise of this rank's encodes in the reduce (phase 0) and gather (phase 1)
+// phases; `begin` is the block's first element in the message. Every rank encodes each element
+// at most once per phase, so (call, rank, phase, element) never repeats within a call.
+inline Noise rsNoise(const Plan& p, int rank, int64_t begin) {
+  return Noise{noiseSalt(p.callSeq, rank, 0), begin, p.stochastic ? 1 : 0};
+}
+inline Noise agNoise(const Plan& p, int rank, int64_t begin) {
+  return Noise{noiseSalt(p.callSeq, rank, 1), begin, p.stochastic ? 1 : 0};
+}
+
+// Facts about one allreduce call. dtype is -1 when the tensor's dtype is not fp32/fp16/bf16.
+struct CallFacts {
+  int64_t numel = 0;
+  int32_t dtype = -1;
+  bool opSum = false;
+  bool opAvg = false;
+  bool sparseOrComplex = false;
+  int world = 1;
+};
+
+Plan makePlan(const CallFacts& f, const QuantConfig& cfg);
+
+// The quantized plan of an eligible call (makePlan's result once every check has passed): the
+// algorithm, codecs and chunk geometry. It checks nothing; tests use it to plan world size 1.
+Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg);
+
+// What every rank must agree on before a quantized allreduce moves data: the facts its plan was
+// made from. Ranks exchange these few bytes first, so a mismatch (a different numel, dtype, op or
+// config on some rank) becomes a clear error on every rank instead of a hang or wrong numbers.
+struct PlanHeader {
+  static constexpr int kFields = 12;
+  int64_t field[kFields];
+};
+
+PlanHeader headerOf(const Plan& p);
+
+// Empty when all headers agree; otherwise a sentence naming the first field that differs and the
+// ranks and values involved.
+std::string describeMismatch(const std::vector<PlanHeader>& headers);
+
+}  // namespace qcomm
