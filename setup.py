@@ -2,6 +2,7 @@
 
 QCOMM_CUDA=0 forces a CPU-only build, QCOMM_CUDA=1 requires the CUDA build (and fails without nvcc).
 QCOMM_CUDA_ARCHS lists the compute capabilities to compile for (default "80;90").
+QCOMM_EXPERIMENTS=1 adds csrc/experiments/ (kernels that lost when timed, kept to be timed again).
 """
 
 import glob
@@ -52,8 +53,22 @@ EXTRA = os.environ.get("QCOMM_EXTRA_CFLAGS", "").split()
 CXX_FLAGS += EXTRA
 NVCC_FLAGS = ["-O3", "-std=c++17", "-fmad=false", "--prec-div=true", "--prec-sqrt=true"]
 
-# Every layer's C++ sources (csrc/<layer>/*.cpp; CUDA-only ones are guarded by QCOMM_WITH_CUDA).
-sources = sorted(glob.glob(os.path.join("csrc", "*", "*.cpp")))
+EXPERIMENTS = os.environ.get("QCOMM_EXPERIMENTS", "0").strip() == "1"
+
+
+def _sources(ext: str) -> list:
+    """Every layer's sources (csrc/<layer>/*.ext; CUDA-only C++ is guarded by QCOMM_WITH_CUDA),
+    and csrc/experiments/<name>/*.ext with QCOMM_EXPERIMENTS=1."""
+    found = glob.glob(os.path.join("csrc", "*", "*." + ext))
+    if EXPERIMENTS:
+        found += glob.glob(os.path.join("csrc", "experiments", "*", "*." + ext))
+    return sorted(found)
+
+
+if EXPERIMENTS:
+    CXX_FLAGS.append("-DQCOMM_EXPERIMENTS=1")
+    NVCC_FLAGS.append("-DQCOMM_EXPERIMENTS=1")
+sources = _sources("cpp")
 kwargs = dict(
     name="qcomm._C",
     sources=sources,
@@ -64,7 +79,7 @@ kwargs = dict(
 if _want_cuda():
     archs = os.environ.get("QCOMM_CUDA_ARCHS", "80;90").split(";")
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a]
-    kwargs["sources"] += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+    kwargs["sources"] += _sources("cu")
     # QCOMM_CUDA_SM<arch> records what was compiled, for qcomm._C.cuda_archs() and the tests
     marks = ["-DQCOMM_WITH_CUDA=1"] + [f"-DQCOMM_CUDA_SM{a}=1" for a in archs if a]
     kwargs["extra_compile_args"] = {

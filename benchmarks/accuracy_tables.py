@@ -28,6 +28,7 @@ import os
 import platform
 import statistics
 import sys
+import textwrap
 import time
 import zlib
 
@@ -54,6 +55,12 @@ EQUARX = [
     ("reduce-scatter only", "ring", 8, None, None),
     ("two_step (Flash), both phases", "two_step", 8, 8, None),
 ]
+# the column headers of the table against world size
+EQUARX_SHORT = {
+    "full-loop ring, both phases": "full loop",
+    "semi-loop ring, both phases": "semi loop",
+    "two_step (Flash), both phases": "two_step",
+}
 FLASH_BITS = [("INT8", 8, 8), ("INT6", 4, 8), ("INT4", 4, 4)]
 FLASH_GROUPS = [32, 64, 128, 256, 512, 1024]
 
@@ -144,6 +151,30 @@ def table(header, rows) -> str:
     return "\n".join(lines)
 
 
+def split_table(header, rows, key: int, first: int) -> str:
+    """Two tables of the same rows, so that each line stays within 100 characters: columns
+    [0, first) and then the key columns [0, key) again with the rest."""
+    second = [r[:key] + r[first:] for r in rows]
+    return "\n\n".join(
+        [
+            table(header[:first], [r[:first] for r in rows]),
+            table(header[:key] + header[first:], second),
+        ]
+    )
+
+
+def wrap(text: str, bullet: bool = False) -> str:
+    """A paragraph (or, with bullet, a list item) wrapped at 100 characters."""
+    return textwrap.fill(
+        text,
+        100,
+        initial_indent="* " if bullet else "",
+        subsequent_indent="  " if bullet else "",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
 def equarx_section(runner: Runner, world: int, worlds, progress) -> str:
     gs, sym = 64, True
     res = {}
@@ -158,14 +189,16 @@ def equarx_section(runner: Runner, world: int, worlds, progress) -> str:
     out = [
         "## EQuARX (arXiv 2506.17615): int8 allreduce error on N(0,1)",
         "",
-        f"Setting: every rank's tensor N(0,1), fp32, {runner.numel} elements per rank "
-        f"(2^{int(math.log2(runner.numel))}), int8, group (block) {gs}, symmetric (absmax/127); "
-        f"mean squared error of the allreduce output against the float64 exact sum; mean ± std "
-        f"over {runner.seeds} seeds. EQuARX's world size and tensor size are not stated in "
-        "docs/PAPERS.md; we chose world "
-        f"{world} and 2^{int(math.log2(runner.numel))} elements per rank, and sweep the world "
-        "size below. EQuARX's unquantized phases presumably ship bf16; ours ship the fp32 input "
-        "(`None`), so its 'X only' rows carry no bf16 rounding here.",
+        wrap(
+            f"Setting: every rank's tensor N(0,1), fp32, {runner.numel} elements per rank "
+            f"(2^{int(math.log2(runner.numel))}), int8, group (block) {gs}, symmetric "
+            "(absmax/127); mean squared error of the allreduce output against the float64 exact "
+            f"sum; mean ± std over {runner.seeds} seeds. EQuARX's world size and tensor size are "
+            f"not stated in docs/PAPERS.md; we chose world {world} and "
+            f"2^{int(math.log2(runner.numel))} elements per rank, and sweep the world size below. "
+            "EQuARX's unquantized phases presumably ship bf16; ours ship the fp32 input (`None`), "
+            "so its 'X only' rows carry no bf16 rounding here."
+        ),
         "",
         f"### World {world}",
         "",
@@ -186,41 +219,31 @@ def equarx_section(runner: Runner, world: int, worlds, progress) -> str:
                 f"{max(r['maxabs']):.3g}",
             ]
         )
-    out.append(
-        table(
-            [
-                "configuration",
-                "algorithm",
-                "rs/ag bits",
-                "MSE (ours)",
-                "MSE (paper)",
-                "ours/paper",
-                "rel. L2",
-                "SQNR dB",
-                "max abs err",
-            ],
-            rows,
-        )
-    )
+    hdr = ["configuration", "algorithm", "rs/ag bits", "MSE (ours)", "MSE (paper)", "ours/paper"]
+    hdr += ["rel. L2", "SQNR dB", "max abs err"]
+    out.append(split_table(hdr, rows, 1, 6))
     out += [
         "",
         "### MSE against world size",
         "",
-        "Same setting; mean over seeds (the spread is in the table above for world "
-        f"{world}). The MSE is absolute: the exact sum's variance is W, so it grows with W even "
-        "at a fixed relative error.",
+        wrap(
+            "Same setting; mean over seeds (the spread is in the tables above for world "
+            f"{world}). The MSE is absolute: the exact sum's variance is W, so it grows with W "
+            "even at a fixed relative error. Full loop, semi loop and two_step have both phases "
+            "quantized."
+        ),
         "",
     ]
     labels = [e[0] for e in EQUARX]
     rows = [[w] + [f"{mean(res[(w, lb)]['mse']):.3e}" for lb in labels] for w in worlds]
-    out.append(table(["world"] + labels, rows))
+    out.append(table(["world"] + [EQUARX_SHORT.get(lb, lb) for lb in labels], rows))
     out += ["", "Rows closest to the paper's numbers (in log distance):", ""]
     for label, _, _, _, paper in EQUARX:
         if paper is None:
             continue
         w_best = min(worlds, key=lambda w: abs(math.log(mean(res[(w, label)]["mse"]) / paper)))
         got = mean(res[(w_best, label)]["mse"])
-        out.append(f"* {label}: paper {paper:g}; closest at world {w_best} ({got:.3e})")
+        out.append(wrap(f"{label}: paper {paper:g}; closest at world {w_best} ({got:.3e})", True))
     if 2 in worlds:
         out += ["", *_equarx_model(res, worlds)]
     out.append("")
@@ -256,19 +279,24 @@ def _equarx_model(res, worlds):
     w_full = min(ws, key=lambda w: abs(_hops(EQUARX[0][0], w) / w - full / ag))
     w_semi = min(ws, key=lambda w: abs(_hops(EQUARX[1][0], w) / w - semi / ag))
     return [
-        f"Model: one int8 quantization of an N(0,1) element costs u = {u:.3e} of MSE (measured: "
-        "reduce-scatter only at world 2, where each element is quantized once), and a partial sum "
-        "of k ranks costs k u. Then full loop = u (W(W-1)/2 + W), semi loop = u (R(R+1)/2 + "
-        "L(L+1)/2 + W) with R = floor(W/2), L = floor((W-1)/2), all-gather only = u W, "
-        f"reduce-scatter only = u W(W-1)/2, two_step = 2 u W. It matches every cell of the "
-        f"table above within {100 * dev:.1f}%.",
+        wrap(
+            f"Model: one int8 quantization of an N(0,1) element costs u = {u:.3e} of MSE "
+            "(measured: reduce-scatter only at world 2, where each element is quantized once), "
+            "and a partial sum of k ranks costs k u. Then full loop = u (W(W-1)/2 + W), semi loop "
+            "= u (R(R+1)/2 + L(L+1)/2 + W) with R = floor(W/2), L = floor((W-1)/2), all-gather "
+            "only = u W, reduce-scatter only = u W(W-1)/2, two_step = 2 u W. It matches every "
+            f"cell of the table above within {100 * dev:.1f}%."
+        ),
         "",
-        f"Under this model the ratios of the paper's numbers do not depend on u (block shape, "
-        f"scale rounding): full loop / all-gather only = {full / ag:.2f}, which the model gives "
-        f"at world {w_full}; semi loop / all-gather only = {semi / ag:.2f}, at world {w_semi}. So "
-        f"the three numbers are consistent with each other and with about {w_full}-{w_semi} "
-        "ranks, if EQuARX's inputs were independent N(0,1) per rank and its unquantized phase "
-        "added no rounding of its own (a bf16 all-gather would add some).",
+        wrap(
+            "Under this model the ratios of the paper's numbers do not depend on u (block shape, "
+            f"scale rounding): full loop / all-gather only = {full / ag:.2f}, which the model "
+            f"gives at world {w_full}; semi loop / all-gather only = {semi / ag:.2f}, at world "
+            f"{w_semi}. So the three numbers are consistent with each other and with about "
+            f"{w_full}-{w_semi} ranks, if EQuARX's inputs were independent N(0,1) per rank and "
+            "its unquantized phase added no rounding of its own (a bf16 all-gather would add "
+            "some)."
+        ),
     ]
 
 
@@ -278,12 +306,14 @@ def flash_section(runner: Runner, world: int, progress) -> str:
     out = [
         "## Flash Communication (arXiv 2412.04964): two_step ablations",
         "",
-        f"Setting: `two_step`, world {world} (Flash used TP=4), asymmetric min/max groups, "
-        f"{runner.numel} elements per rank, fp32; mean ± std over {runner.seeds} seeds. LLM-like: "
-        f"rows of hidden size {HIDDEN}, N(0,1) except {OUTLIERS} channels {OUTLIER_FACTOR:g}x "
-        "larger, the same channels on every rank. The paper reports these ablations as model "
-        "accuracy (perplexity, task scores), not as tensor error; its findings are quoted beside "
-        "ours.",
+        wrap(
+            f"Setting: `two_step`, world {world} (Flash used TP=4), asymmetric min/max groups, "
+            f"{runner.numel} elements per rank, fp32; mean ± std over {runner.seeds} seeds. "
+            f"LLM-like: rows of hidden size {HIDDEN}, N(0,1) except {OUTLIERS} channels "
+            f"{OUTLIER_FACTOR:g}x larger, the same channels on every rank. The paper reports these "
+            "ablations as model accuracy (perplexity, task scores), not as tensor error; its "
+            "findings are quoted beside ours."
+        ),
         "",
     ]
     for dist, name in dists:
@@ -303,22 +333,26 @@ def flash_section(runner: Runner, world: int, progress) -> str:
             "",
             "Flash: finer groups help down to 128.",
             "",
-            table(
+            split_table(
                 ["group"]
                 + [f"{b} ({rs}/{ag}) rel. L2" for b, rs, ag in FLASH_BITS]
                 + [f"{b} SQNR dB" for b, _, _ in FLASH_BITS],
                 rows,
+                1,
+                1 + len(FLASH_BITS),
             ),
             "",
         ]
     out += [
         f"### Bits and where to quantize, group {gs0}",
         "",
-        "Flash: INT6 (INT4 reduce, INT8 gather) stays close to INT8, INT4 costs accuracy; "
-        "quantizing before the all-gather accumulates more error than before the reduce.",
+        wrap(
+            "Flash: INT6 (INT4 reduce, INT8 gather) stays close to INT8, INT4 costs accuracy; "
+            "quantizing before the all-gather accumulates more error than before the reduce."
+        ),
         "",
     ]
-    rows = []
+    rows = {dist: [] for dist, _ in dists}
     placement = [
         ("INT8", 8, 8),
         ("INT6", 4, 8),
@@ -330,28 +364,34 @@ def flash_section(runner: Runner, world: int, progress) -> str:
     ]
     res = {}
     for label, rs, ag in placement:
-        row = [label, f"{rs}/{ag}"]
         for dist, _ in dists:
             progress(f"Flash {dist} {label}")
             r = res[(dist, label)] = runner.run(dist, world, algo, rs, ag, gs0, sym)
-            row += [ms(r["rel"], "{:.3e}"), f"{mean(r['sqnr']):.2f}", ms(r["mse"], "{:.3e}")]
-        rows.append(row)
-    hdr = ["configuration", "rs/ag bits"]
-    for _, name in dists:
-        hdr += [f"{name} rel. L2", "SQNR dB", "MSE"]
-    out += [table(hdr, rows), ""]
+            rows[dist].append(
+                [label, f"{rs}/{ag}", ms(r["rel"], "{:.3e}"), f"{mean(r['sqnr']):.2f}"]
+                + [ms(r["mse"], "{:.3e}")]
+            )
+    # one table per input distribution, so that each line stays within 100 characters
+    tables = [
+        table(["configuration", "rs/ag bits", f"{name} rel. L2", "SQNR dB", "MSE"], rows[dist])
+        for dist, name in dists
+    ]
+    out += ["\n\n".join(tables), ""]
     for dist, name in dists:
         e = {b: mean(res[(dist, b)]["rel"]) for b in ("INT8", "INT6", "INT4")}
         rs4 = mean(res[(dist, "before reduce only, 4-bit")]["rel"])
-        out.append(
-            f"* {name}: INT6 / INT8 rel. L2 = {e['INT6'] / e['INT8']:.1f}x, INT4 / INT6 = "
+        item = (
+            f"{name}: INT6 / INT8 rel. L2 = {e['INT6'] / e['INT8']:.1f}x, INT4 / INT6 = "
             f"{e['INT4'] / e['INT6']:.2f}x; INT6's error is its 4-bit reduce phase "
             f"(4/None alone: {rs4:.3e})"
         )
+        out.append(wrap(item, True))
     out.append("")
     out += [
-        "Quantizing before the reduce only against before the gather only (ratio = rel. L2 "
-        "before gather / before reduce):",
+        wrap(
+            "Quantizing before the reduce only against before the gather only (ratio = rel. L2 "
+            "before gather / before reduce):"
+        ),
         "",
     ]
     for dist, name in dists:
@@ -363,14 +403,16 @@ def flash_section(runner: Runner, world: int, progress) -> str:
                 verdict = "about equal (within 2%)"
             else:
                 verdict = f"before the {'gather' if ratio > 1 else 'reduce'} is worse"
-            out.append(f"* {name}, {b}-bit: ratio {ratio:.3f}, {verdict}")
+            out.append(wrap(f"{name}, {b}-bit: ratio {ratio:.3f}, {verdict}", True))
     out += [
         "",
-        "With independent, identically distributed rank inputs the two placements cost the "
-        "same in expectation at any world size: before the reduce, W quantizations of groups of "
-        "range r; before the gather, one quantization of the sum, whose groups have range about "
-        "sqrt(W) r. Flash measured model accuracy on real activations; these synthetic inputs "
-        "do not reproduce the difference.",
+        wrap(
+            "With independent, identically distributed rank inputs the two placements cost the "
+            "same in expectation at any world size: before the reduce, W quantizations of groups "
+            "of range r; before the gather, one quantization of the sum, whose groups have range "
+            "about sqrt(W) r. Flash measured model accuracy on real activations; these synthetic "
+            "inputs do not reproduce the difference."
+        ),
     ]
     out.append("")
     return "\n".join(out)
@@ -402,15 +444,19 @@ def main() -> int:
     parts = [
         "# qnccl allreduce accuracy beside the papers",
         "",
-        "Command: `"
-        + " ".join([".venv/bin/python benchmarks/accuracy_tables.py"] + sys.argv[1:])
-        + "`",
+        wrap(
+            "Command: `"
+            + " ".join([".venv/bin/python benchmarks/accuracy_tables.py"] + sys.argv[1:])
+            + "`"
+        ),
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} "
-        f"{platform.release()}, torch {torch.__version__}, qcomm CPU path (Gloo transport); "
-        f"{datetime.date.today().isoformat()}. Ranks are threads of one process (tests/inproc.py); "
-        "the results are the extension's, bit-identical on every rank and (by the test suite) to "
-        "qcomm/reference.py.",
+        wrap(
+            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} "
+            f"{platform.release()}, torch {torch.__version__}, qcomm CPU path (Gloo transport); "
+            f"{datetime.date.today().isoformat()}. Ranks are threads of one process "
+            "(tests/inproc.py); the results are the extension's, bit-identical on every rank and "
+            "(by the test suite) to qcomm/reference.py."
+        ),
         "",
         equarx_section(runner, args.equarx_world, worlds, progress),
         flash_section(runner, args.flash_world, progress),

@@ -5,11 +5,11 @@ allreduce.
     .venv/bin/python benchmarks/codec_throughput.py --no-allreduce  # the codec tables (~30 s)
 
 1. Codec microbenchmark, one thread (``torch.set_num_threads(1)``), through
-   ``qcomm._C.codec_encode`` and ``qcomm._C.codec_decode``: encode and decode at 8 and 4 bits,
-   asymmetric (min/max, the default) and symmetric (absmax), fp32 and bf16 input, messages of
-   --sizes bytes of input (default 1 MiB and 64 MiB), group --group-size. Beside it, on the same
-   machine and sizes: a memory copy into a preallocated tensor (``out.copy_(x)``, x in the input
-   dtype).
+   ``qcomm._C._testing.codec_encode`` and ``qcomm._C._testing.codec_decode``: encode and decode
+   at 8 and 4 bits, asymmetric (min/max, the default) and symmetric (absmax), fp32 and bf16
+   input, messages of --sizes bytes of input (default 1 MiB and 64 MiB), group --group-size.
+   Beside it, on the same machine and sizes: a memory copy into a preallocated tensor
+   (``out.copy_(x)``, x in the input dtype).
    GB/s is message bytes (the input in its dtype) per second, for every column, copy included (a
    copy moves twice that: a read and a write). Each time is the median of repeated calls on the same
    data (cache-warm at 1 MiB, streaming from memory at 64 MiB).
@@ -19,8 +19,9 @@ allreduce.
    (``torch.zeros(encoded bytes, uint8)``, and ``torch.empty(n, fp32).fill_(0)`` minus
    ``out.fill_(0)`` into a preallocated tensor) and subtracted: the "net" columns.
    With --isas (default: every instruction set the codec loops are compiled for that this CPU
-   has, csrc/codec_cpu.cpp), the same calls again with each one's loops (qcomm._C.set_cpu_isa),
-   in a table side by side; the first table is the default's (QCOMM_CPU_ISA, else the widest).
+   has, csrc/codec/codec_cpu.cpp), the same calls again with each one's loops
+   (qcomm._C._testing.set_cpu_isa), in a table side by side; the first table is the default's
+   (QCOMM_CPU_ISA, else the widest).
 2. Where the time of a quantized allreduce goes (unless --no-allreduce): ``python -m qcomm.bench``
    at --allreduce-size (default 64M) on 2 CPU ranks over loopback (its CSV rows), against the codec
    work each rank does in that allreduce (elements encoded and decoded per rank, from the
@@ -49,7 +50,7 @@ if ROOT not in sys.path:
 from qcomm import bench  # noqa: E402
 
 # Elements encoded and decoded by each rank in one allreduce of N elements on 2 ranks (fractions of
-# N), from csrc/algo_two_step.cpp, algo_ring.cpp, algo_semi_ring.cpp and algo_common.cpp:
+# N), from csrc/algo/two_step.cpp, ring.cpp, semi_ring.cpp and gather.cpp:
 #   two_step: encodes both chunks (rs, N), sums its chunk from 2 decoded copies (rs, N), encodes
 #             the sum (ag, N/2), decodes its own and the peer's chunk (ag, N);
 #   ring / semi_ring (the same schedule at W=2): encodes the peer's chunk (rs, N/2), decodes the
@@ -106,17 +107,18 @@ def microbench(opts) -> list:
             dec_alloc_s = max(0.0, fresh_s - fill_s)
             for bits in (8, 4):
                 for sym in (False, True):
-                    nbytes = _C.encoded_bytes(n, bits, gs, sym)
-                    enc = _C.codec_encode(x, bits, gs, sym)
+                    nbytes = _C._testing.encoded_bytes(n, bits, gs, sym)
+                    enc = _C._testing.codec_encode(x, bits, gs, sym)
                     assert enc.numel() == nbytes
                     enc_s = timeit(
-                        lambda x=x, b=bits, s=sym: _C.codec_encode(x, b, gs, s), opts.min_time
+                        lambda x=x, b=bits, s=sym, f=_C._testing.codec_encode: f(x, b, gs, s),
+                        opts.min_time,
                     )
                     zeros_s = timeit(
                         lambda nb=nbytes: torch.zeros(nb, dtype=torch.uint8), opts.min_time
                     )
                     dec_s = timeit(
-                        lambda e=enc, n=n, b=bits, s=sym, d=dtype: _C.codec_decode(
+                        lambda e=enc, n=n, b=bits, s=sym, d=dtype: _C._testing.codec_decode(
                             e, n, b, gs, s, d
                         ),
                         opts.min_time,
@@ -144,20 +146,20 @@ def microbench(opts) -> list:
                     for isa in opts.isas:
                         if isa in r["isa"]:
                             continue
-                        before = _C.set_cpu_isa(isa)
+                        before = _C._testing.set_cpu_isa(isa)
                         try:
                             e_s = timeit(
-                                lambda x=x, b=bits, s=sym: _C.codec_encode(x, b, gs, s),
+                                lambda x=x, b=bits, s=sym: _C._testing.codec_encode(x, b, gs, s),
                                 opts.min_time,
                             )
                             d_s = timeit(
-                                lambda e=enc, n=n, b=bits, s=sym, d=dtype: _C.codec_decode(
+                                lambda e=enc, n=n, b=bits, s=sym, d=dtype: _C._testing.codec_decode(
                                     e, n, b, gs, s, d
                                 ),
                                 opts.min_time,
                             )
                         finally:
-                            _C.set_cpu_isa(before)
+                            _C._testing.set_cpu_isa(before)
                         r["isa"][isa] = (max(e_s - zeros_s, 1e-12), max(d_s - dec_alloc_s, 1e-12))
                     print(
                         f"[codec] {bench.size_label(size)} {dname} {bits}-bit "
@@ -391,7 +393,7 @@ def main(argv=None) -> int:
         isas = [i for i in have if i in opts.isas]  # narrowest first
         print(
             "\n## The codec loops per instruction set (the same calls, net GB/s as above; "
-            "QCOMM_CPU_ISA / qcomm._C.set_cpu_isa)\n"
+            "QCOMM_CPU_ISA / qcomm._C._testing.set_cpu_isa)\n"
         )
         print(isa_table(rows, isas), flush=True)
     if not opts.no_allreduce:

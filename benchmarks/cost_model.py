@@ -5,7 +5,7 @@ benchmarks/COST_MODEL.md.
 
     python benchmarks/cost_model.py [--world 8] [--links nvlink=370,pcie=25[:alpha_us]]
         [--sizes-mib 1,16,64,256,1024] [--bits 8/8,4/8,4/4] [--symmetric]
-        [--kernel-csv FILE] [--markdown out.md]
+        [--kernel-csv FILE[,FILE...]] [--markdown out.md]
 
 Sizes are bf16 messages (MiB); the NCCL fp32 column is the same element count in fp32. The
 quantized wire format does not depend on the input dtype, so one qnccl time serves both baselines.
@@ -19,6 +19,7 @@ import dataclasses
 import math
 import os
 import sys
+import textwrap
 from typing import Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,11 +30,11 @@ MIB = 1 << 20
 ALGORITHMS = ("two_step", "ring", "semi_ring")
 
 
-# ---- wire format (csrc/codec.h) ----
+# ---- wire format (csrc/codec/codec.h) ----
 
 
 def _encoded_bytes_py(n: int, bits: int, group: int, symmetric: bool) -> int:
-    """csrc/codec.h encodedBytes: 16-byte aligned metadata (fp32 scale, plus fp32 mid when
+    """csrc/codec/codec.h encodedBytes: 16-byte aligned metadata (fp32 scale, plus fp32 mid when
     asymmetric, per group), then ceil(n * bits / 8) data bytes."""
     if n <= 0:
         return 0
@@ -46,15 +47,15 @@ try:  # the exact count from the extension when it is built; the formula above o
     from qcomm import _C as _qc
 
     def encoded_bytes(n: int, bits: int, group: int, symmetric: bool) -> int:
-        return int(_qc.encoded_bytes(n, bits, group, symmetric)) if n > 0 else 0
+        return int(_qc._testing.encoded_bytes(n, bits, group, symmetric)) if n > 0 else 0
 
-    ENCODED_BYTES_SOURCE = "qcomm._C.encoded_bytes"
+    ENCODED_BYTES_SOURCE = "qcomm._C._testing.encoded_bytes"
 except Exception:  # noqa: BLE001 - any import failure: fall back to the documented formula
     encoded_bytes = _encoded_bytes_py
-    ENCODED_BYTES_SOURCE = "formula of csrc/codec.h (qcomm._C not importable)"
+    ENCODED_BYTES_SOURCE = "formula of csrc/codec/codec.h (qcomm._C not importable)"
 
 
-# ---- chunk geometry (csrc/plan.cpp) ----
+# ---- chunk geometry (csrc/plan/plan.cpp) ----
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -88,7 +89,7 @@ def wire_bytes_per_rank(
     algorithms: in the reduce phase rank r sends one encoded copy of every chunk but its own
     (two_step: straight to each owner; ring: chunk r-s-1 at step s, s = 0..W-2; semi_ring: chunks
     r-R..r-1 one way and r+1..r+L the other, R + L = W - 1); in the gather phase it sends its own
-    chunk, encoded with the gather codec, to each of the W - 1 peers (gather_pipeline.h)."""
+    chunk, encoded with the gather codec, to each of the W - 1 peers (csrc/algo/gather.cpp)."""
     shards = chunk_shards(n, world, group, microshards)
     rs = [sum(encoded_bytes(s, rs_bits, group, symmetric) for s in ch) for ch in shards]
     ag = [sum(encoded_bytes(s, ag_bits, group, symmetric) for s in ch) for ch in shards]
@@ -150,8 +151,13 @@ class KernelCosts:
 
     @classmethod
     def from_csv(cls, path: str, **kw) -> "KernelCosts":
-        with open(path, newline="") as f:
-            return cls(list(csv.DictReader(f)), source=path, **kw)
+        """One CSV, or several separated by commas, read as one (e.g. the codec kernels' CSV and
+        a `separate_two_step` one); `source` names them joined by " + "."""
+        rows = []
+        for p in path.split(","):
+            with open(p, newline="") as f:
+                rows += list(csv.DictReader(f))
+        return cls(rows, source=path.replace(",", " + "), **kw)
 
     def _rate(self, points: List[Tuple[int, float]], nbytes: int) -> float:
         """Microseconds per input byte at a call size of nbytes."""
@@ -385,11 +391,35 @@ def table(
     return rows
 
 
+# The markdown output keeps its lines within 100 characters: two tables of the same rows, the
+# times and then the speed-ups, both led by the four columns that name the row, under shorter
+# headers that MD_LEGEND explains
+MD_TABLES = (COLUMNS[:9] + ["bound"], COLUMNS[:4] + COLUMNS[9:13])
+MD_HEADERS = {
+    "MiB bf16": "MiB",
+    "bits rs/ag": "bits",
+    "wire MiB/rank": "wire MiB",
+    "qnccl serial us": "serial",
+    "qnccl overlap us": "overlap",
+    "NCCL bf16 us": "NCCL bf16",
+    "NCCL fp32 us": "NCCL fp32",
+}
+MD_LEGEND = (
+    "columns: MiB = size of the bf16 message; bits = rs/ag; wire MiB = MiB each rank sends; "
+    "serial, overlap = qnccl's predicted time (us); NCCL bf16, NCCL fp32 = NCCL's ring (us)"
+)
+
+
 def render(rows: List[List[str]], markdown: bool) -> str:
     if markdown:
-        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join(lines)
+        tables = []
+        for cols in MD_TABLES:
+            idx = [COLUMNS.index(c) for c in cols]
+            lines = ["| " + " | ".join(MD_HEADERS.get(c, c) for c in cols) + " |"]
+            lines += ["|" + "---|" * len(cols)]
+            lines += ["| " + " | ".join(r[i] for i in idx) + " |" for r in rows]
+            tables.append("\n".join(lines))
+        return "\n\n".join(tables)
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
     fmt = "  ".join(f"{{:>{w}}}" for w in widths)
     return "\n".join([fmt.format(*COLUMNS)] + [fmt.format(*r) for r in rows])
@@ -402,7 +432,8 @@ def header(args, costs: KernelCosts, links: Sequence[Link], bits) -> List[str]:
     lines = [
         "PREDICTED from one-GPU kernel timings, not measured on "
         f"{args.world} GPUs (benchmarks/COST_MODEL.md).",
-        f"kernel costs: {os.path.relpath(costs.source)} x {costs.codec_scale:g} ({costs.rate}); "
+        f"kernel costs: {' + '.join(os.path.relpath(p) for p in args.kernel_csv.split(','))} "
+        f"x {costs.codec_scale:g} ({costs.rate}); "
         f"launch {costs.launch_us:g} us per call below the smallest measured size; HBM (copy) "
         f"{costs.hbm_gbps(64 * MIB):.0f}-{costs.hbm_gbps(1024 * MIB):.0f} GB/s read+write",
         "links: "
@@ -424,6 +455,22 @@ def header(args, costs: KernelCosts, links: Sequence[Link], bits) -> List[str]:
     return lines
 
 
+def markdown_header(head: Sequence[str]) -> str:
+    """The header lines as a markdown list, each item wrapped at 100 characters."""
+    items = [*head[:5], MD_LEGEND, *head[5:]]  # the legend after the NCCL line
+    return "\n".join(
+        textwrap.fill(
+            h,
+            100,
+            initial_indent="* ",
+            subsequent_indent="  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        for h in items
+    )
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--world", type=int, default=8)
@@ -440,7 +487,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--symmetric", action="store_true")
     ap.add_argument("--microshards", type=int, default=4)
     ap.add_argument("--launch-us", type=float, default=4.0)
-    ap.add_argument("--kernel-csv", default=DEFAULT_CSV)
+    ap.add_argument(
+        "--kernel-csv", default=DEFAULT_CSV, help="kernel times; several CSVs: comma-separated"
+    )
     ap.add_argument(
         "--rate",
         choices=("interp", "closest"),
@@ -483,7 +532,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(render(rows, markdown=False))
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write("\n".join(f"* {h}" for h in head) + "\n\n" + render(rows, True) + "\n")
+            f.write(markdown_header(head) + "\n\n" + render(rows, True) + "\n")
     return 0
 
 

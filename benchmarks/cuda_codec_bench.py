@@ -9,18 +9,17 @@ kernel 1, ..., kernel 8, again), each one's faster turn kept, the copy's too, so
 copy compares like with like. That table is printed and --csv written (the cost model reads it)
 before any variant runs, so a variant that fails cannot take it down.
 
-With --variants-csv, every kernel is then timed in the launch variants read at every launch
-(VARIANTS below: QCOMM_CUDA_PREFETCH=1, the kernels prefetching their next slab or step into L2;
-QCOMM_CUDA_ENCODE_BLOCKS=4, the encoders compiled for 4 blocks per SM; both;
-QCOMM_CUDA_ENCODE_STAGED=1, the encoders staging their next slab in shared memory;
-QCOMM_CUDA_FULL_GRID=1, every block the work needs for every kernel and size (by default only the
-decoders and the 4-block encoders from 10 Mi elements); 4 blocks with the
-full grid; QCOMM_CUDA_DECODE_UNROLL=8, 8 items per decoder thread and step;
-QCOMM_CUDA_FULL_GRID=0 with QCOMM_CUDA_ENCODE_BLOCKS=3, the resident grid and 3-block encoders,
-the default before 2026-11-30), in turns with
-the default in the same way, and a second table gives them side by side, each row printed and
-written as it is done. A timing that raises (a refused launch, a CUDA error) reads "error" in its
-cells and the rest go on; the exit status is then 1.
+With --variants-csv, every kernel is then timed in the launch variants that the two launch
+settings force (VARIANTS below: QCOMM_CUDA_ENCODE_BLOCKS=4, every encoder compiled for 4 blocks per
+SM, by default only fp32 ones but the 8-bit asymmetric; QCOMM_CUDA_FULL_GRID=1, every block the
+work needs for every kernel and size, by default only the decoders and the 4-block encoders from
+10 Mi elements; 4 blocks with the full grid; QCOMM_CUDA_FULL_GRID=0 with
+QCOMM_CUDA_ENCODE_BLOCKS=3, the resident grid and 3-block encoders, the default before
+2026-11-30; csrc/cuda/tuning.h holds the defaults), in turns with the default in the same way,
+and a second table gives them side by side, each row printed and written as it is done. The
+extension reads its settings once per process, so every change of them is followed by
+_C._testing.reload_settings(). A timing that raises (a refused launch, a CUDA error) reads
+"error" in its cells and the rest go on; the exit status is then 1.
 
 Each timed region starts behind a queued torch.cuda._sleep, so the GPU runs the region's launches
 back to back and the host's launch overhead is not timed.
@@ -42,17 +41,13 @@ from qcomm import _C  # noqa: E402
 
 # name, settings, the kernels it changes
 VARIANTS = (
-    ("prefetch", {"QCOMM_CUDA_PREFETCH": "1"}, ("encode", "decode")),
     ("4 blocks", {"QCOMM_CUDA_ENCODE_BLOCKS": "4"}, ("encode",)),
-    ("both", {"QCOMM_CUDA_PREFETCH": "1", "QCOMM_CUDA_ENCODE_BLOCKS": "4"}, ("encode",)),
-    ("staged", {"QCOMM_CUDA_ENCODE_STAGED": "1"}, ("encode",)),
     ("full grid", {"QCOMM_CUDA_FULL_GRID": "1"}, ("encode", "decode")),
     (
         "4 blocks, full grid",
         {"QCOMM_CUDA_ENCODE_BLOCKS": "4", "QCOMM_CUDA_FULL_GRID": "1"},
         ("encode",),
     ),
-    ("unroll 8", {"QCOMM_CUDA_DECODE_UNROLL": "8"}, ("decode",)),
     (
         "resident, 3 blocks",
         {"QCOMM_CUDA_FULL_GRID": "0", "QCOMM_CUDA_ENCODE_BLOCKS": "3"},
@@ -81,16 +76,19 @@ def timed(fn, iters=20):
 
 
 def timed_env(fn, env: dict[str, str], iters=20):
-    """timed(fn) with exactly `env` of the variants' settings set (read at every launch)."""
+    """timed(fn) with exactly `env` of the variants' settings set; the extension's settings are
+    reloaded after each change (it reads them once per process), the caller's restored after."""
     old = {k: os.environ.pop(k, None) for k in SETTINGS}
     os.environ.update(env)
     try:
+        _C._testing.reload_settings()
         return timed(fn, iters)
     finally:
         for k, v in old.items():
             os.environ.pop(k, None)
             if v is not None:
                 os.environ[k] = v
+        _C._testing.reload_settings()
 
 
 def best_of(jobs):
@@ -140,15 +138,15 @@ def codec_kernels(x):
     out = []
     for bits in (8, 4):
         for sym in (False, True):
-            enc = _C.cuda_codec_encode(x, bits, 128, sym)
+            enc = _C._testing.cuda_codec_encode(x, bits, 128, sym)
             moved = n * 4 + enc.numel()  # bytes read plus written, either way
             scale = "sym" if sym else "asym"
 
             def encode(b=bits, s=sym):
-                return _C.cuda_codec_encode(x, b, 128, s)
+                return _C._testing.cuda_codec_encode(x, b, 128, s)
 
             def decode(e=enc, b=bits, s=sym):
-                return _C.cuda_codec_decode(e, n, b, 128, s)
+                return _C._testing.cuda_codec_decode(e, n, b, 128, s)
 
             out += [("encode", bits, scale, moved, encode), ("decode", bits, scale, moved, decode)]
     return out

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from dist_util import run_ranks  # noqa: E402
 
-HEADER_BYTES = 96  # sizeof(PlanHeader): 12 int64 fields (csrc/plan.h)
+HEADER_BYTES = 96  # sizeof(PlanHeader): 12 int64 fields (csrc/plan/plan.h)
 
 
 def _worker(rank, world, iters):

@@ -1,8 +1,8 @@
-"""Cost of the CUDA-IPC two_step on one GPU, the fused kernel (this benchmark's default) or the
-separate kernels (--kernels separate; QCOMM_IPC_KERNELS=separate, the transport's default): W
-ranks as threads of one process, each with its own stream, so their kernels run side by side on
-the one GPU (processes sharing a GPU would time-slice instead, and their timings would mean
-nothing).
+"""Cost of the CUDA-IPC two_step on one GPU, the separate kernels (QCOMM_IPC_KERNELS=separate,
+the transport's default and this benchmark's) or the fused kernel (--kernels fused: the
+experiment of csrc/experiments/ipc_fused/, in a QCOMM_EXPERIMENTS=1 build only): W ranks as
+threads of one process, each with its own stream, so their kernels run side by side on the one
+GPU (processes sharing a GPU would time-slice instead, and their timings would mean nothing).
 
 All W ranks share one GPU's memory bandwidth and SMs, so the time measured here is the time to
 allreduce W messages on one chip: on a node with one GPU per rank, each GPU does 1/W of this work.
@@ -11,12 +11,13 @@ device copy of the same bytes (time for W copies of the message); the cost model
 (benchmarks/cost_model.py) reads the `fused_two_step` (or `separate_two_step`) rows of the CSV.
 
     python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64,256 --csv out.csv
-    python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64,256 --kernels separate
-    python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 --profile
+    python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 16,64,256 --kernels fused
+    python benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 --kernels fused --profile
 
---profile (QCOMM_IPC_PROFILE=1) also prints where rank 0's kernel spent its time in the timed
-calls: each phase's share of the cycles summed over task groups (QCOMM_IPC_TASK_WARPS warps of a
-block each; default the whole block), and cycles per task group and piece.
+--profile (QCOMM_IPC_PROFILE=1; the fused kernel only) also prints where rank 0's kernel spent its
+time in the timed calls: each phase's share of the cycles summed over task groups
+(QCOMM_IPC_TASK_WARPS warps of a block each; default the whole block), and cycles per task group
+and piece.
 """
 
 from __future__ import annotations
@@ -62,8 +63,15 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--csv", default=None)
-    ap.add_argument("--profile", action="store_true", help="per-phase time of the kernel's blocks")
-    ap.add_argument("--kernels", default="fused", choices=["fused", "separate"])
+    ap.add_argument(
+        "--profile", action="store_true", help="per-phase time of the fused kernel's blocks"
+    )
+    ap.add_argument(
+        "--kernels",
+        default="separate",
+        choices=["separate", "fused"],
+        help="fused: the experiment, in a QCOMM_EXPERIMENTS=1 build only",
+    )
     ap.add_argument(
         "--blocks",
         type=int,
@@ -71,6 +79,17 @@ def main() -> int:
         help="blocks per rank (QCOMM_IPC_BLOCKS; default SMs / W - 1: see below)",
     )
     args = ap.parse_args()
+    if args.profile and args.kernels != "fused":
+        print("--profile counts the fused kernel's phases: add --kernels fused", file=sys.stderr)
+        return 2
+    if args.kernels == "fused" and not qcomm._C.compiled_with_experiments():
+        print(
+            "--kernels fused needs a build with the experiments (QCOMM_EXPERIMENTS=1 python "
+            "setup.py build_ext --inplace; csrc/experiments/README.md): this build of qcomm has "
+            "only the separate kernels",
+            file=sys.stderr,
+        )
+        return 2
     os.environ["QCOMM_IPC_KERNELS"] = args.kernels  # read at the groups' set-up
     if not (torch.cuda.is_available() and qcomm.compiled_with_cuda()):
         print("needs a CUDA device and the CUDA build of qcomm", file=sys.stderr)
@@ -141,24 +160,18 @@ def main() -> int:
             ["MiB", "kernel", "bits", "scale", "time_us", "GB/s (read+write)", "x copy"]
         )
         out.flush()
+    shape = ""
+    if args.kernels == "fused":
+        shape = (
+            f", tiles of {os.environ.get('QCOMM_IPC_TILE_ELEMS', '4096')} elements "
+            f"(QCOMM_IPC_TILE_ELEMS), task groups of "
+            f"{os.environ.get('QCOMM_IPC_TASK_WARPS', '8')} warps (QCOMM_IPC_TASK_WARPS)"
+        )
     print(
         f"# {torch.cuda.get_device_name()}, {world} ranks as threads on one GPU, {args.dtype}, "
         f"{args.kernels} kernels (QCOMM_IPC_KERNELS), "
         f"{blocks} blocks per rank, buffers of "
-        f"{os.environ.get('QCOMM_IPC_BUFFER_MB', '32')} MiB (QCOMM_IPC_BUFFER_MB), tiles of "
-        f"{os.environ.get('QCOMM_IPC_TILE_ELEMS', '4096')} elements (QCOMM_IPC_TILE_ELEMS), "
-        f"task groups of {os.environ.get('QCOMM_IPC_TASK_WARPS', '8')} warps "
-        "(QCOMM_IPC_TASK_WARPS), "
-        + (
-            "a system fence before every flag release (QCOMM_IPC_RELEASE_FENCE=1)"
-            if os.environ.get("QCOMM_IPC_RELEASE_FENCE") == "1"
-            else "release stores without a fence"
-        )
-        + (
-            ", each task group prefetching its next input tile (QCOMM_CUDA_PREFETCH=1)"
-            if os.environ.get("QCOMM_CUDA_PREFETCH") == "1"
-            else ""
-        )
+        f"{os.environ.get('QCOMM_IPC_BUFFER_MB', '32')} MiB (QCOMM_IPC_BUFFER_MB)" + shape
     )
     print("| MiB/rank | bits | time_us | us per MiB of one rank | copy_us (W msgs) | x copy |")
     print("|---|---|---|---|---|---|")

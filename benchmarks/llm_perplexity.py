@@ -38,6 +38,7 @@ import glob
 import math
 import os
 import sys
+import textwrap
 import time
 from typing import Dict, List, Optional
 
@@ -352,7 +353,8 @@ def tp_eval(rank, world, model_path, windows, specs, threads=1):
         elapsed = time.perf_counter() - t0
         st = qcomm.stats(tpg)
         errs = {k: (math.sqrt(v[0] / v[1]), v[2]) for k, v in acc.items()}
-        # a list, not a tensor: tensors cross process queues as shared memory that dies with the rank
+        # a list, not a tensor: tensors cross process queues as shared memory that dies with the
+        # rank
         results.append(
             dict(spec=spec, ppl=ppl, nll=nll.tolist(), errors=errs, stats=st, seconds=elapsed)
         )
@@ -370,20 +372,33 @@ def launch(world, *args, timeout=3600):
 # ---- report ----
 
 
+def wrap(text: str) -> str:
+    """A paragraph wrapped at 100 characters."""
+    return textwrap.fill(text, 100, break_long_words=False, break_on_hyphens=False)
+
+
 def table(results, single_ppl: Optional[float], header: str) -> str:
+    """The header paragraph, then two tables of the same runs (each line within 100 characters):
+    perplexity, bytes and time; then the allreduce error per site."""
     ref = next(r for r in results if r["spec"] == "none")
     exact = ref["ppl"]
-    lines = [header, ""]
+    lines = [wrap(header), ""]
     if single_ppl is not None:
         lines += [
-            f"Single process (no TP): perplexity {single_ppl:.4f}; TP exact (algorithm none): "
-            f"{exact:.4f} ({100 * (exact / single_ppl - 1):+.4f}%).",
+            wrap(
+                f"Single process (no TP): perplexity {single_ppl:.4f}; TP exact (algorithm none): "
+                f"{exact:.4f} ({100 * (exact / single_ppl - 1):+.4f}%)."
+            ),
             "",
         ]
-    lines += [
-        "| algorithm | rs/ag | group | perplexity | vs exact (± 1 SE) | attn out rel L2 (worst "
-        "call) | mlp down rel L2 (worst call) | input/wire bytes | seconds |",
-        "|---|---|---|---|---|---|---|---|---|",
+    key = "| algorithm | rs/ag | group |"
+    ppl_lines = [
+        f"{key} perplexity | vs exact (± 1 SE) | input/wire bytes | seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    err_lines = [
+        f"{key} attn out rel L2 (worst call) | mlp down rel L2 (worst call) |",
+        "|---|---|---|---|---|",
     ]
     for r in results:
         algo, _, rest = r["spec"].partition(":")
@@ -395,12 +410,13 @@ def table(results, single_ppl: Optional[float], header: str) -> str:
         g = next((o[1:] for o in opts if o.startswith("g")), "128" if bits else "-")
         if "rot" in opts:
             g += " + rotation"
-        lines.append(
-            f"| {algo} | {bits or '-'} | {g} | {r['ppl']:.4f} | {d:+.2f}% ± {se:.2f}% | {e[0]} "
-            f"| {e[1]} | "
-            f"{f'{c:.2f}x' if c else '-'} | {r['seconds']:.1f} |"
+        row = f"| {algo} | {bits or '-'} | {g} |"
+        ppl_lines.append(
+            f"{row} {r['ppl']:.4f} | {d:+.2f}% ± {se:.2f}% | {f'{c:.2f}x' if c else '-'} "
+            f"| {r['seconds']:.1f} |"
         )
-    return "\n".join(lines)
+        err_lines.append(f"{row} {e[0]} | {e[1]} |")
+    return "\n".join(lines + ppl_lines + [""] + err_lines)
 
 
 def main():
@@ -410,7 +426,7 @@ def main():
     p.add_argument("--window", type=int, default=512, help="tokens per window")
     p.add_argument("--configs", default=DEFAULT_CONFIGS, help="none or algorithm:rs/ag, ...")
     p.add_argument("--no-single", action="store_true", help="skip the single-process reference")
-    p.add_argument("--out", help="write the table as Markdown to this file")
+    p.add_argument("--out", help="write the tables as Markdown to this file")
     args = p.parse_args()
     try:
         path = fetch_model.fetch()

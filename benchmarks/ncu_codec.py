@@ -17,9 +17,8 @@ Two steps, both run by scripts/gpu_check.sh:
 
 `run` (needs a GPU and the CUDA build) launches each codec kernel once on an fp32 tensor of
 --mib MiB (groups of 128), the encoders also as compiled for 3 and for 4 blocks per SM
-(QCOMM_CUDA_ENCODE_BLOCKS=3, 4; by default fp32 takes 4 but for the 8-bit asymmetric codec) and
-staging their slabs in shared memory (QCOMM_CUDA_ENCODE_STAGED=1),
-and a streaming elementwise kernel of torch's (y = x + 0: 4 bytes read
+(QCOMM_CUDA_ENCODE_BLOCKS=3, 4; by default fp32 takes 4 but for the 8-bit asymmetric codec,
+csrc/cuda/tuning.h), and a streaming elementwise kernel of torch's (y = x + 0: 4 bytes read
 and 4 written per element) as the reference for what a plain stream reaches. `report` reads ncu's
 raw CSV page (one row per profiled kernel, a row of units under the header; numbers may carry
 thousands separators) and prints one markdown table; it needs no GPU. Given several files it reads
@@ -55,20 +54,21 @@ def run(mib: int) -> int:
     torch.add(x, 0, out=y)  # the streaming reference
     for bits in (8, 4):
         for sym in (False, True):
-            enc = _C.cuda_codec_encode(x, bits, 128, sym)
-            _C.cuda_codec_decode(enc, n, bits, 128, sym)
-            # the encoder compiled for 3 and for 4 blocks per SM (one of them the default), and
-            # staging its slabs in shared memory (the settings are read at every launch)
-            for setting, value in (
-                ("QCOMM_CUDA_ENCODE_BLOCKS", "3"),
-                ("QCOMM_CUDA_ENCODE_BLOCKS", "4"),
-                ("QCOMM_CUDA_ENCODE_STAGED", "1"),
-            ):
-                os.environ[setting] = value
-                _C.cuda_codec_encode(x, bits, 128, sym)
-                del os.environ[setting]
+            enc = _C._testing.cuda_codec_encode(x, bits, 128, sym)
+            _C._testing.cuda_codec_decode(enc, n, bits, 128, sym)
+            # the encoder compiled for 3 and for 4 blocks per SM (one of them the default); the
+            # extension reads its settings once per process, so they are reloaded at each change
+            old = os.environ.pop("QCOMM_CUDA_ENCODE_BLOCKS", None)
+            for value in ("3", "4"):
+                os.environ["QCOMM_CUDA_ENCODE_BLOCKS"] = value
+                _C._testing.reload_settings()
+                _C._testing.cuda_codec_encode(x, bits, 128, sym)
+            del os.environ["QCOMM_CUDA_ENCODE_BLOCKS"]
+            if old is not None:
+                os.environ["QCOMM_CUDA_ENCODE_BLOCKS"] = old
+            _C._testing.reload_settings()
     torch.cuda.synchronize()
-    print(f"ran the codec kernels once each on {mib} MiB of fp32, the encoders in four variants")
+    print(f"ran the codec kernels once each on {mib} MiB of fp32, the encoders in three variants")
     return 0
 
 
@@ -82,8 +82,9 @@ def number(text: str) -> float | None:
 
 def template_args(kernel: str) -> tuple[str, list[str]] | None:
     """("encode" or "decode", the template arguments) of a codec kernel's demangled name:
-    encodeKernel<T, bits, sym, blocks, staged>, decodeKernel<bits, sym, unroll>; bools as true/false
-    whether the demangler writes `8, false` or `(int)8, (bool)0`. None for other kernels."""
+    encodeKernel<T, bits, sym, blocks>, decodeKernel<bits, sym> (before 2026-12-01 also a staged
+    flag and the decoder's unroll, which ncu logs of then carry); bools as true/false whether the
+    demangler writes `8, false` or `(int)8, (bool)0`. None for other kernels."""
     m = KERNEL.search(kernel)
     if not m:
         return None
@@ -93,9 +94,10 @@ def template_args(kernel: str) -> tuple[str, list[str]] | None:
 
 
 def label(kernel: str) -> str:
-    """ "encode 8-bit asym, 3 blocks/SM, staged" from encodeKernel<T, bits, sym, blocks, staged>;
-    "decode 4-bit sym" (", 8 items per thread" where not the default 4) from
-    decodeKernel<bits, sym, unroll>."""
+    """ "encode 8-bit asym, 3 blocks/SM" from encodeKernel<T, bits, sym, blocks>; "decode 4-bit
+    sym" from decodeKernel<bits, sym>. The names of before 2026-12-01 (ncu logs of the removed
+    variants) label as then: ", staged" from encodeKernel<..., blocks, staged>, ", 8 items per
+    thread" from decodeKernel<bits, sym, unroll> where not 4."""
     parsed = template_args(kernel)
     if parsed:
         kind, args = parsed

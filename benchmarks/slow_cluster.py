@@ -10,7 +10,7 @@ Each rank runs, for each --size: Gloo's exact allreduce in fp32 and in bf16, the
 allreduce for each --algorithms x --bits, every one --iters times (median, and min/max for spread).
 Rank 0 prints a table with ratios measured side by side in this one run, and writes --csv. With
 --isas generic,avx512 (say) every quantized configuration runs once with each instruction set of
-the CPU codec loops (qcomm._C.set_cpu_isa on every rank), labelled "algorithm [isa]".
+the CPU codec loops (qcomm._C._testing.set_cpu_isa on every rank), labelled "algorithm [isa]".
 
 Needs root (ip netns, tc). Example, the setting of issue 4:
     sudo .venv/bin/python benchmarks/slow_cluster.py --world 2 --rate 1gbit --sizes 64M
@@ -129,7 +129,7 @@ def worker(args) -> int:
             args.algorithms.split(","), args.bits.split(","), isas
         ):
             rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
-            qcomm._C.set_cpu_isa(isa)
+            qcomm._C._testing.set_cpu_isa(isa)
             what = f"{algo} [{isa}]" if args.isas else algo
             qcomm.set_config(
                 qcomm.QuantConfig(

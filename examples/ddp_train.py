@@ -168,7 +168,8 @@ def main():
         st = res[0]["stats"]
         extra = f", quantized allreduces {st['quantized_calls']}" if st else ""
         print(
-            f"{name:14s} final held-out MSE {res[0]['final']:.5f} (start {res[0]['curve'][0][1]:.4f})"
+            f"{name:14s} final held-out MSE {res[0]['final']:.5f} "
+            f"(start {res[0]['curve'][0][1]:.4f})"
             f"{extra}; parameters identical across ranks: {same}; "
             f"{time.perf_counter() - t0:.1f} s",
             flush=True,

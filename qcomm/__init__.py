@@ -27,6 +27,7 @@ __all__ = [
     "cuda_ipc_profile",
     "cpu_isa",
     "cpu_isas",
+    "settings",
 ]
 
 BACKEND = "qnccl"
@@ -49,6 +50,49 @@ def cpu_isas() -> list:
     return list(_C.cpu_isas())
 
 
+def settings() -> list:
+    """Every ``QCOMM_*`` setting the library reads, as declared in one place
+    (csrc/common/settings.cpp): a list of dicts with its name, value now, source ("environment"
+    or "default"), default, allowed values, a one-line doc, scope ("process": read at first use
+    and kept; "group": read when a group is created or sets up its CUDA path) and the QuantConfig
+    field it sets ("" when none). Raises ValueError, naming the variable, for an invalid value."""
+    out = []
+    for d in _C.setting_declarations():
+        value = _C.setting(d["name"])
+        out.append(
+            {
+                **d,
+                "value": value["text"],
+                "source": "environment" if value["from_environment"] else "default",
+            }
+        )
+    return out
+
+
+_logged_settings = False
+
+
+def _check_process_settings(rank: int, world: int) -> None:
+    """Reads every process-scoped setting now, so that an invalid value is an error at the group's
+    creation; with QCOMM_DEBUG=INFO, prints (once per process) each setting that differs from its
+    default, where it came from and the default, as NCCL_DEBUG=INFO does."""
+    global _logged_settings
+    for d in _C.setting_declarations():
+        if d["scope"] == "process":
+            _C.setting(d["name"])
+    _C.cpu_isa()  # an instruction set this CPU lacks is refused here, not at the first allreduce
+    if _logged_settings or _C.setting("QCOMM_DEBUG")["text"] != "INFO":
+        return
+    _logged_settings = True
+    for s in settings():
+        if s["value"] != _C.parse_setting(s["name"], s["default"])["text"]:
+            print(
+                f"[qcomm rank {rank}/{world}] INFO {s['name']}={s['value']} (environment; "
+                f"default {s['default']})",
+                flush=True,
+            )
+
+
 def _create(opts, pg_options):
     """The creator torch calls once per qnccl group (extended API).
 
@@ -59,10 +103,10 @@ def _create(opts, pg_options):
     if dist.is_nccl_available() and isinstance(pg_options, dist.ProcessGroupNCCL.Options):
         nccl_options, pg_options = pg_options, None
     cfg = resolve(pg_options)
-    # the CPU codec loops' instruction set (QCOMM_CPU_ISA): an invalid value is an error here, at
-    # the group's creation, as an invalid QCOMM_* config value is, not at its first allreduce
-    _C.cpu_isa()
     store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
+    # an invalid process setting (QCOMM_CPU_ISA, ...) is an error here, at the group's creation, as
+    # an invalid QCOMM_* config value is, not at its first allreduce
+    _check_process_settings(rank, size)
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
@@ -71,7 +115,7 @@ def _create(opts, pg_options):
         nopts.global_ranks_in_group = list(opts.global_ranks_in_group)
         nopts.group_name = opts.group_id
         nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, nopts)
-    # the store also carries the CUDA-IPC buffer handles (csrc/cuda_ipc.cpp)
+    # the store also carries the CUDA-IPC buffer handles (csrc/transport/cuda_ipc.cpp)
     ipc_store = dist.PrefixStore("qcomm", store)
     return _C.QncclBackend(rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store)
 
@@ -144,6 +188,7 @@ def cuda_ipc_profile(group=None) -> dict:
 
 
 def reset_stats(group=None) -> None:
+    """Sets this rank's counters of `group` (qcomm.stats) back to zero; next_call_seq stays."""
     backend_of(group).reset_stats()
 
 

@@ -1,4 +1,5 @@
-"""Benchmark qnccl's quantized allreduce against an exact Gloo allreduce on CPU ranks.
+"""The main job, a command-line entry point (not part of the runtime API): qnccl's quantized
+allreduce timed and checked against an exact Gloo allreduce on CPU ranks.
 
     python -m qcomm.bench [--world 2] [--sizes 1M,16M,64M] [--dtype fp32] \
         [--algorithms two_step,ring,semi_ring] [--bits 8/8,4/8,4/4] [--group-size 128] \
@@ -79,6 +80,7 @@ def parse_size(text: str) -> int:
 
 
 def parse_sizes(text: str) -> list:
+    """'1M,16M' -> [1048576, 16777216] (parse_size of each)."""
     return [parse_size(t) for t in text.split(",") if t.strip()]
 
 
@@ -110,6 +112,7 @@ def parse_bits(text: str) -> list:
 
 
 def parse_algorithms(text: str) -> list:
+    """'two_step,ring' -> ['two_step', 'ring'], each checked against qcomm.ALGORITHMS."""
     from .config import ALGORITHMS
 
     algos = [a.strip().lower() for a in text.split(",") if a.strip()]
@@ -123,10 +126,12 @@ def parse_algorithms(text: str) -> list:
 
 
 def bits_label(pair) -> str:
+    """(4, None) -> '4/none'."""
     return "/".join("none" if b is None else str(b) for b in pair)
 
 
 def size_label(n: int) -> str:
+    """1048576 -> '1M': the largest binary unit that divides n, else the number."""
     for unit in ("G", "M", "K"):
         if n % _UNITS[unit] == 0:
             return f"{n // _UNITS[unit]}{unit}"
@@ -157,6 +162,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of python -m qcomm.bench (--help prints it)."""
     p = argparse.ArgumentParser(
         prog="python -m qcomm.bench",
         description="Time and check qnccl's quantized allreduce against an exact Gloo allreduce "
@@ -186,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Refuses, through the parser's error, what the ranks could not run, before they start."""
     if a.world < 2:
         p.error("--world must be at least 2")
     if a.iters < 1:
@@ -207,6 +214,7 @@ def check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
 
 def make_config(a, algo, rs, ag):
+    """The QuantConfig of one row: the command line's codec knobs, min_bytes 0."""
     from .config import QuantConfig
 
     kw = dict(
@@ -227,6 +235,7 @@ def make_config(a, algo, rs, ag):
 
 
 def cpu_model() -> str:
+    """This machine's CPU model name, for the header of the results."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -257,6 +266,7 @@ def system_lines() -> list:
 
 
 def machine_lines(a) -> list:
+    """The header lines of the results: the machine, the run's settings, the columns' meaning."""
     cfg = make_config(a, a.algorithms[0], *a.bits[0])
     return [
         "# qcomm.bench: qnccl quantized allreduce vs exact gloo allreduce (CPU ranks)",
@@ -278,6 +288,7 @@ def _seed(base: int, rank: int, count: int) -> int:
 
 
 def make_input(base_seed: int, rank: int, count: int, dtype):
+    """Rank `rank`'s input of `count` N(0,1) elements in `dtype`, the same for the same seed."""
     import torch
 
     g = torch.Generator().manual_seed(_seed(base_seed, rank, count))
@@ -388,6 +399,7 @@ def align_table(columns: list, lines: list, left: set, breaks=()) -> str:
 
 
 def format_table(rows: list) -> str:
+    """The result rows as the aligned table the main job prints."""
     lines = [[_fmt_row(r)[c] for c in COLUMNS] for r in rows]
     return align_table(COLUMNS, lines, {"dtype", "algorithm", "bits", "identical"})
 
@@ -533,6 +545,8 @@ def _worker(rank, world, a, init_file, status_q):
 
 
 def main(argv=None) -> int:
+    """The main job's entry point (python -m qcomm.bench, scripts/run_bench.sh): spawns the ranks,
+    runs every configuration against Gloo's exact allreduce, prints the table; 0 on success."""
     parser = build_parser()
     a = parser.parse_args(argv)
     check_args(parser, a)

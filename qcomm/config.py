@@ -7,25 +7,17 @@ live group) over ``QCOMM_*`` environment variables over the defaults below.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional, Union
 
-#: algorithm name -> code shared with csrc/config.h
+from . import _C
+
+#: algorithm name -> code shared with csrc/plan/config.h
 ALGORITHMS = {"auto": 0, "two_step": 1, "ring": 2, "semi_ring": 3, "none": 4}
 BITS = (4, 8, None)
 
-#: environment variable -> QuantConfig field
-ENV_VARS = {
-    "QCOMM_ALGO": "algorithm",
-    "QCOMM_RS_BITS": "rs_bits",
-    "QCOMM_AG_BITS": "ag_bits",
-    "QCOMM_GROUP_SIZE": "group_size",
-    "QCOMM_SYMMETRIC": "symmetric",
-    "QCOMM_MIN_BYTES": "min_bytes",
-    "QCOMM_MICROSHARDS": "microshards",
-    "QCOMM_ROTATE": "rotate",
-    "QCOMM_STOCHASTIC_ROUNDING": "stochastic_rounding",
-}
+#: environment variable -> QuantConfig field (the settings declared in csrc/common/settings.cpp
+#: whose `field` is a QuantConfig field)
+ENV_VARS = {d["name"]: d["field"] for d in _C.setting_declarations() if d["field"]}
 
 Bits = Optional[int]
 
@@ -64,10 +56,11 @@ class QuantConfig:
         validate(self)
 
     def replace(self, **changes) -> "QuantConfig":
+        """A copy with `changes` (field=value), validated."""
         return dataclasses.replace(self, **changes)
 
     def as_tuple(self) -> tuple:
-        """The C++ constructor's argument order (csrc/bindings.cpp)."""
+        """The C++ constructor's argument order (csrc/python/convert.h)."""
         return (
             ALGORITHMS[self.algorithm],
             self.rs_bits or 0,
@@ -101,6 +94,7 @@ def _bad(knob: str, value, allowed: str) -> ValueError:
 
 
 def validate(cfg: QuantConfig) -> None:
+    """Raises ValueError naming the knob, the value and what is allowed for any invalid field."""
     if cfg.algorithm not in ALGORITHMS:
         raise _bad("algorithm", cfg.algorithm, ", ".join(ALGORITHMS))
     for knob in ("rs_bits", "ag_bits"):
@@ -124,38 +118,34 @@ def validate(cfg: QuantConfig) -> None:
         raise _bad("stochastic_rounding", cfg.stochastic_rounding, "True or False")
 
 
-def _parse_env(var: str, raw: str):
-    field = ENV_VARS[var]
-    text = raw.strip()
+def _field_value(field: str, value: dict):
+    """The QuantConfig value of a parsed setting (qcomm._C.setting / parse_setting)."""
     if field == "algorithm":
-        return text.lower()
+        return value["text"]
     if field in ("rs_bits", "ag_bits"):
-        if text.lower() in ("none", "0", ""):
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"qcomm: invalid {var}={raw!r}; allowed: 4, 8 or none") from None
+        return value["number"] or None
     if field in ("symmetric", "rotate", "stochastic_rounding"):
-        low = text.lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"qcomm: invalid {var}={raw!r}; allowed: 1/0, true/false, yes/no, on/off")
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"qcomm: invalid {var}={raw!r}; allowed: an integer") from None
+        return bool(value["number"])
+    return int(value["number"])
 
 
 def from_env(environ=None) -> QuantConfig:
-    """The defaults overridden by any ``QCOMM_*`` variables that are set."""
-    environ = os.environ if environ is None else environ
+    """The defaults overridden by any ``QCOMM_*`` variables that are set (and not empty), read by
+    the settings reader (csrc/common/settings.h); `environ` (a mapping) stands in for the process
+    environment. An invalid value raises ValueError naming the variable, the value and what is
+    allowed."""
     changes = {}
     for var, field in ENV_VARS.items():
-        if var in environ:
-            changes[field] = _parse_env(var, environ[var])
+        if environ is None:
+            value = _C.setting(var)
+            if not value["from_environment"]:
+                continue
+        else:
+            raw = environ.get(var, "")
+            if raw == "":
+                continue
+            value = _C.parse_setting(var, raw)
+        changes[field] = _field_value(field, value)
     try:
         return QuantConfig(**changes)
     except ValueError as e:
@@ -171,6 +161,7 @@ def resolve(explicit: Union[QuantConfig, dict, None]) -> QuantConfig:
     if isinstance(explicit, dict):
         return QuantConfig(**explicit)
     raise TypeError(
-        "qcomm: pg_options for a qnccl group must be a qcomm.QuantConfig (or a dict of its fields), "
+        "qcomm: pg_options for a qnccl group must be a qcomm.QuantConfig (or a dict of its "
+        "fields), "
         f"got {type(explicit).__name__}"
     )

@@ -4,7 +4,7 @@ It documents the math and is what the tests compare the extension against. Two p
 where it belongs:
 
 * The codec and the algorithms are modelled **in fp32, operation for operation** as the C++ code
-  (csrc/codec.h, csrc/algo_*.cpp) performs them: the spec says the codec computes in fp32 with
+  (csrc/codec/codec.h, csrc/algo/*.cpp) performs them: the spec says the codec computes in fp32 with
   round-to-nearest-even, and only an fp32 model can say what the exact wire bytes are. torch's
   elementwise fp32 ops are correctly rounded IEEE operations, so the model and the extension agree
   bit for bit, and the tests demand exactly that.
@@ -66,7 +66,7 @@ def _groups(x32: torch.Tensor, g: int) -> Tuple[torch.Tensor, int]:
 
 
 def group_params(x32: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(scale, mid) per group, fp32, computed as csrc/codec.h groupParams does."""
+    """(scale, mid) per group, fp32, computed as csrc/codec/codec.h groupParams does."""
     xg, _ = _groups(x32, c.group_size)
     bad = torch.isnan((xg * 0.0).sum(dim=1))
     if c.symmetric:
@@ -84,7 +84,7 @@ def group_params(x32: torch.Tensor, c: Codec) -> Tuple[torch.Tensor, torch.Tenso
     return scale, mid
 
 
-# ---- stochastic rounding noise (csrc/codec.h Noise, hash32, noiseSalt, noiseAt) ----
+# ---- stochastic rounding noise (csrc/codec/codec.h Noise, hash32, noiseSalt, noiseAt) ----
 
 _M32 = 0xFFFFFFFF
 
@@ -156,6 +156,8 @@ def _clamp_finite(v: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, mid: torch.Tensor, c: Codec) -> torch.Tensor:
+    """x^ of codes q with their groups' scale (and mid, asymmetric), in fp32, clamped to finite as
+    codec.h dequantizeOne does."""
     n = q.numel()
     s = scale.repeat_interleave(c.group_size)[:n]
     if c.symmetric:
@@ -167,7 +169,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, mid: torch.Tensor, c: Codec
 def encode_bytes(
     x: torch.Tensor, c: Codec, noise_at: Optional[Tuple[int, int]] = None
 ) -> torch.Tensor:
-    """The wire bytes of x (any of fp32/fp16/bf16), laid out as csrc/codec.h documents."""
+    """The wire bytes of x (any of fp32/fp16/bf16), laid out as csrc/codec/codec.h documents."""
     if c.bits == 0:
         return x.to(c.raw_dtype).contiguous().view(torch.uint8).flatten()
     x32 = x.to(F32).flatten()
@@ -223,12 +225,12 @@ def cast_bound(v64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return v64.abs() * 2.0**-11 + 2.0**-25
 
 
-# ---- rotation (csrc/codec.h hadamardGroup) ----
+# ---- rotation (csrc/codec/codec.h hadamardGroup) ----
 
 
 def hadamard(v: torch.Tensor, g: int) -> torch.Tensor:
     """H v per group of g (unnormalised Walsh-Hadamard, entries +-1), in the butterfly order of
-    csrc/codec.h, so the fp32 results match bit for bit. v: fp32, numel a multiple of g."""
+    csrc/codec/codec.h, so the fp32 results match bit for bit. v: fp32, numel a multiple of g."""
     v = v.reshape(-1, g)
     h = 1
     while h < g:
@@ -240,12 +242,14 @@ def hadamard(v: torch.Tensor, g: int) -> torch.Tensor:
 
 
 def rotate_forward(x: torch.Tensor, g: int) -> torch.Tensor:
+    """H x per group of g, in fp32, the last group padded with zeros (codec_cpu rotateForward)."""
     x32 = x.to(F32).flatten()
     pad = (-x32.numel()) % g
     return hadamard(torch.cat([x32, torch.zeros(pad, dtype=F32)]), g)
 
 
 def rotate_inverse(y: torch.Tensor, g: int) -> torch.Tensor:
+    """H y / g per group of g: the inverse of rotate_forward (codec_cpu rotateInverse)."""
     return hadamard(y, g) * (1.0 / g)
 
 
@@ -254,15 +258,17 @@ def _group_sum(v64: torch.Tensor, g: int) -> torch.Tensor:
     return v64.reshape(-1, g).sum(1, keepdim=True).expand(-1, g).reshape(-1)
 
 
-# ---- chunk geometry (csrc/plan.cpp) ----
+# ---- chunk geometry (csrc/plan/plan.cpp) ----
 
 
 def chunk_elems(n: int, world: int, group_size: int) -> int:
+    """Elements of each rank's chunk: whole groups, as the plan cuts them."""
     groups = (n + group_size - 1) // group_size
     return (groups + world - 1) // world * group_size
 
 
 def chunks(n: int, world: int, group_size: int) -> List[slice]:
+    """Chunk c of an n-element message, per rank c (empty past the end), as the plan's."""
     ce = chunk_elems(n, world, group_size)
     out = []
     for c in range(world):

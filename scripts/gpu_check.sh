@@ -5,22 +5,24 @@
 # the call is for, so that what the deadline cuts is the least needed:
 #   (a) the codec kernels against device-to-device copy (the goal: >= 0.80x of copy bandwidth
 #       from 64 MiB up), the default kernels' table first, then the launch variants
-#       (QCOMM_CUDA_PREFETCH=1, QCOMM_CUDA_ENCODE_BLOCKS=4, both, QCOMM_CUDA_ENCODE_STAGED=1,
-#       QCOMM_CUDA_FULL_GRID=1, 4 blocks with the full grid, QCOMM_CUDA_DECODE_UNROLL=8, and the
+#       (QCOMM_CUDA_ENCODE_BLOCKS=4, QCOMM_CUDA_FULL_GRID=1, 4 blocks with the full grid, and the
 #       resident grid with 3-block encoders, the default before 2026-11-30);
-#   (b) the CUDA-IPC two_step's cost per byte, the fused kernel and the separate kernels (2 ranks
-#       as threads), and the two side by side;
+#   (b) the CUDA-IPC two_step's cost per byte with the separate kernels (2 ranks as threads; with
+#       the default buffers and with 128 MiB ones);
 #   (c) the CUDA codec kernels bit for bit against the CPU codec;
-#   (d) the separate kernels over CUDA IPC (QCOMM_IPC_KERNELS=separate), then the fused kernel,
-#       2 and 4 ranks as processes sharing the GPU, bit for bit against the reference (a message
-#       larger than the buffer, streams and Work, a CUDA graph replayed 100 times);
+#   (d) the separate kernels over CUDA IPC, 2 and 4 ranks as processes sharing the GPU, bit for
+#       bit against the reference (a message larger than the buffer, streams and Work, a CUDA
+#       graph replayed 100 times);
 #   (e) the NCCL transport at world size 1;
 #   (f) the codec kernels' hardware counters under Nsight Compute, where ncu may read them;
-#   (g) where the fused kernel's time goes (one profiled run) and its time in five launch shapes
-#       (tile sizes, task-group sizes, the old release fence, the input prefetch), its tests at
-#       the other launch shapes, the set-up's agreement on settings and calls on different
-#       streams, the 4-rank benchmarks (separate and fused), the cost model on what this call
-#       measured, and the build's tests (SASS counts).
+#   (g) the set-up's agreement on settings and calls on different streams, the 4-rank benchmark,
+#       the cost model on what this call measured, and the build's tests (SASS counts).
+# EXPERIMENTS=1 builds with QCOMM_EXPERIMENTS=1 and adds the fused two_step experiment
+# (csrc/experiments/ipc_fused/): its benchmark in (b) and a table beside the separate kernels',
+# its tests (tests/experiments/test_ipc_fused.py) in (d), and in (g) where its time goes (one
+# profiled run), its time in three launch shapes (tile sizes, task-group sizes), its tests at the
+# other shapes and at the set-up, its 4-rank benchmark and its cost model. A default run has no
+# fused step: the fused kernel is not in a default build.
 # Logs and CSV go under $OUT (default out/gpu_check). Uses the machine's python with torch
 # preinstalled (no network there); prints a table of the steps last.
 #
@@ -34,20 +36,22 @@
 #   (a) codec bench                60  ~20: torch and the CUDA context ~10; 3 sizes x (9 default +
 #                                        44 variant timings) x 2 turns, each <= 25 ms (7 s in all
 #                                        on 2026-11-30 with 28)
-#   (b) fused bench, separate,     40  ~20 each: set-up of 2 thread ranks ~12; 6 timed points (7 s
-#       separate at 128 MiB            each on 2026-11-30)
-#       side-by-side table          5  <1 (CSV only)
+#   (b) separate, separate at      40  ~20 each: set-up of 2 thread ranks ~12; 6 timed points (7 s
+#       128 MiB (fused bench:          each on 2026-11-30)
+#       EXPERIMENTS=1)
+#       side-by-side table          5  <1 (CSV only; EXPERIMENTS=1)
 #   (c) codec tests                90  ~40: one process, ~75 tests, 4 of them profiled
 #   (d) separate IPC tests         90  ~55: 5 run_ranks (2, 4, 2, 2, 2 processes), each ~10 s
 #                                        to start the processes and ~5 s of work (44 s for 4)
 #       fused IPC tests           110  ~75: 5 run_ranks (the matrix at 2 and 4 ranks, pieces at
-#                                        the default shape, streams and Work, the graph)
+#       (EXPERIMENTS=1)                  the default shape, streams and Work, the graph)
 #   (e) NCCL world-1 tests         30  ~20: 1 run_ranks of 1 process
 # Each step is run under `timeout -k 10 CAP`, its cap cut to what is left before the deadline;
-# with under 15 s left a step is skipped. What (a)-(e) leave goes to (f) (cap 75) and (g): six
-# fused runs (cap 30 each, ~6), other-shape tests (60; 3 run_ranks, ~32), the set-up tests
-# (150: 8 run_ranks of the agreement test + 1 of streams, ~55), the 4-rank benchmarks (45 each,
-# ~10), the cost model (30 + 30, ~5), the build's tests (60, ~9).
+# with under 15 s left a step is skipped. What (a)-(e) leave goes to (f) (cap 75) and (g): the
+# set-up tests (150: 4 run_ranks of the agreement test + 1 of streams, ~35), the 4-rank
+# benchmark (45, ~10), the cost model (30, ~5), the build's tests (60, ~9); with EXPERIMENTS=1
+# also four fused runs (cap 30 each, ~6), other-shape tests (60; 3 run_ranks, ~32), the fused
+# set-up tests (150; 4 run_ranks, ~35), a fused 4-rank benchmark (45) and its cost model (30).
 # The last step ends by DEADLINE + 10 s = 460 s, under the 8 minutes with ~20 s for the table
 # and packing.
 #
@@ -62,7 +66,8 @@ cd "$ROOT" || exit 1
 OUT="${OUT:-$ROOT/out/gpu_check}"
 mkdir -p "$OUT"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/qcomm_gpu_check.XXXXXX")"
-KEEP='summary.txt|codec_kernels.csv|codec_variants.csv|fused_two_step.csv|separate_two_step.csv|fused_shapes.csv|ncu_codec.txt|details.tar.gz'
+KEEP='summary.txt|codec_kernels.csv|codec_variants.csv|fused_two_step.csv|separate_two_step.csv'
+KEEP+='|fused_shapes.csv|ncu_codec.txt|details.tar.gz'
 (IFS='|' && for f in $KEEP; do rm -f "${OUT:?}/$f"; done)  # nothing of an earlier run is read
 # shellcheck disable=SC2317  # pack runs from the EXIT trap
 pack() {  # on every exit, a failed build's too: at most 8 files in $OUT
@@ -91,17 +96,20 @@ note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 step "machine"
 timeout -k 10 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   | tee -a "$OUT/summary.txt"
-timeout -k 10 60 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
+timeout -k 10 60 "$PY" -c \
+  "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
   | tee -a "$OUT/summary.txt"
 note "CXX=${CXX:-unset}; $(${CXX:-c++} --version 2>/dev/null | head -1)"
 
+# EXPERIMENTS=1: the experiments too (QCOMM_EXPERIMENTS=1; csrc/experiments/README.md)
+EXPERIMENTS="${EXPERIMENTS:-0}"
 build() {
   # BUILD_CAP: a longer bound for a dry run on a small machine (2 cores take ~5 minutes)
-  QCOMM_CUDA=1 MAX_JOBS="${MAX_JOBS:-16}" timeout -k 10 "${BUILD_CAP:-200}" "$PY" setup.py -q \
-    build_ext --inplace \
+  QCOMM_CUDA=1 QCOMM_EXPERIMENTS="$EXPERIMENTS" MAX_JOBS="${MAX_JOBS:-16}" \
+    timeout -k 10 "${BUILD_CAP:-200}" "$PY" setup.py -q build_ext --inplace \
     >"$LOGS/build.log" 2>&1
 }
-step "build (QCOMM_CUDA=1)"
+step "build (QCOMM_CUDA=1, QCOMM_EXPERIMENTS=$EXPERIMENTS)"
 # On the device image CXX is /opt/gcc/bin/g++, with which C++ exceptions thrown by the extension
 # crashed the process (2 of 2 calls); build with the system g++ there (the probe below checks).
 if [ -z "${QCOMM_KEEP_CXX:-}" ] && [ -x /usr/bin/g++ ] && [ "${CXX:-}" = /opt/gcc/bin/g++ ]; then
@@ -127,7 +135,7 @@ probe() {
   timeout -k 10 60 "$PY" - <<'EOF' 2>&1
 import torch, qcomm
 try:
-    qcomm._C.codec_encode(torch.randn(10), 6, 128, True)
+    qcomm._C._testing.codec_encode(torch.randn(10), 6, 128, True)
     print("probe: no exception raised")
 except ValueError as e:
     print("probe: ok (ValueError raised)")
@@ -143,7 +151,8 @@ if [ $rc -ne 0 ]; then  # what the extension and torch were built with, and what
     | grep -m3 -iE "compiler|gcc" | tee -a "$OUT/summary.txt"
 fi
 if [ $rc -ne 0 ] && [ -x /usr/bin/g++ ] && [ "${CXX:-}" != /usr/bin/g++ ]; then
-  note "exceptions crash this build; rebuilding with CXX=/usr/bin/g++ ($(/usr/bin/g++ --version | head -1))"
+  note "exceptions crash this build; rebuilding with CXX=/usr/bin/g++" \
+    "($(/usr/bin/g++ --version | head -1))"
   export CXX=/usr/bin/g++
   rm -rf build qcomm/_C*.so
   START=$SECONDS
@@ -157,7 +166,13 @@ fi
 DEADLINE="${DEADLINE:-450}"
 budget() {  # budget CAP: the seconds a step may take, or 0 when too little is left
   local left=$((DEADLINE - SECONDS))
-  if [ "$left" -lt 15 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+  if [ "$left" -lt 15 ]; then
+    echo 0
+  elif [ "$left" -lt "$1" ]; then
+    echo "$left"
+  else
+    echo "$1"
+  fi
 }
 # run_step CAP LOG CMD...: bounded, logged, counted as a failure when it fails, as incomplete
 # when the deadline cut or skipped it; with OPTIONAL=1 (a measurement the machine may not allow,
@@ -197,10 +212,12 @@ PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs)
 # QUICK=1: skips (a), (c), (f), the cost model and the build's tests (while iterating)
 QUICK="${QUICK:-0}"
 # the GPU tests only (-m cuda): their CPU-side counterparts run in CI, not on device time.
-# test_cuda_allreduce.py's GPU tests by priority: the set-up's agreement (8 run_ranks) and call
-# ordering run in (g), as do the pieces test at the launch shapes other than the default's
+# test_cuda_allreduce.py's GPU tests by priority: the set-up's agreement (4 run_ranks) and call
+# ordering run in (g); so do, with EXPERIMENTS=1, test_ipc_fused.py's set-up test and its pieces
+# test at the launch shapes other than the default's
 EXTRA="setup_agrees or different_streams"
 SHAPES="pieces and not 4096-8"
+FUSED_TESTS=tests/experiments/test_ipc_fused.py
 
 # ---- (a) the codec kernels' throughput: the default table, then the variants (codec_variants.csv)
 if [ "$QUICK" != 1 ]; then
@@ -209,30 +226,33 @@ if [ "$QUICK" != 1 ]; then
     --csv "$OUT/codec_kernels.csv" --variants-csv "$OUT/codec_variants.csv"
 fi
 
-# ---- (b) the two_step's cost per byte, fused and separate kernels, and the two side by side
-# (ranks as threads of one process: the benchmark gives each rank's stream a hardware queue,
-# CUDA_DEVICE_MAX_CONNECTIONS=32 unless set)
-step "fused CUDA-IPC two_step, 2 ranks as threads on the one GPU"
-run_step 40 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
-  "$PY" benchmarks/ipc_two_step_bench.py --world 2 \
-  --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
+# ---- (b) the two_step's cost per byte, the separate kernels (and with EXPERIMENTS=1 the fused
+# kernel, and the two side by side) (ranks as threads of one process: the benchmark gives each
+# rank's stream a hardware queue, CUDA_DEVICE_MAX_CONNECTIONS=32 unless set)
+if [ "$EXPERIMENTS" = 1 ]; then
+  step "fused CUDA-IPC two_step (experiment), 2 ranks as threads on the one GPU"
+  run_step 40 "$LOGS/ipc_bench.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+    "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels fused \
+    --sizes-mib 16,64,256 --csv "$OUT/fused_two_step.csv"
+fi
 
 step "separate kernels over CUDA IPC, 2 ranks as threads on the one GPU"
-run_step 40 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+run_step 40 "$LOGS/ipc_bench.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels separate \
   --sizes-mib 16,64,256 --csv "$OUT/separate_two_step.csv"
 
 # the separate kernels with a buffer 4x the default: a rank's slot of 64 MiB of fp32 at 8 bits
-# (8.5 MiB with 2 ranks; qcomm._C.encoded_bytes) is over the default buffer's round (8 MiB), so
-# it takes two rounds and is copied out of the buffer; with 128 MiB it takes one round, read
-# where it landed
+# (8.5 MiB with 2 ranks; qcomm._C._testing.encoded_bytes) is over the default buffer's round
+# (8 MiB), so it takes two rounds and is copied out of the buffer; with 128 MiB it takes one
+# round, read where it landed
 step "separate kernels over CUDA IPC, 2 ranks, 128 MiB buffers (one round where 32 take two)"
-run_step 40 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_BUFFER_MB=128 \
+run_step 40 "$LOGS/ipc_bench.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_BUFFER_MB=128 \
   "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels separate \
   --sizes-mib 16,64,256 --csv "$LOGS/separate_buffer128.csv"
 
+if [ "$EXPERIMENTS" = 1 ]; then
 step "the fused kernel and the separate kernels side by side (2 ranks, this call)"
-OPTIONAL=1 run_step 5 "$LOGS/fused.txt" "$PY" - "$OUT" "$LOGS" <<'EOF'
+OPTIONAL=1 run_step 5 "$LOGS/ipc_bench.txt" "$PY" - "$OUT" "$LOGS" <<'EOF'
 import csv, os, sys
 rows = {}
 for kind, path in (
@@ -246,7 +266,8 @@ for kind, path in (
 both = {k: v for k, v in rows.items() if "fused" in v and "separate" in v}
 if not both:
     sys.exit("no pair of results")
-print("| MiB/rank | bits | fused us | separate us | fused / separate | separate, 128 MiB buffers us |")
+print("| MiB/rank | bits | fused us | separate us | fused / separate"
+      " | separate, 128 MiB buffers us |")
 print("|---|---|---|---|---|---|")
 for (mib, bits), v in sorted(both.items()):
     big = f"{v['buffer128']:.1f}" if "buffer128" in v else "-"
@@ -255,25 +276,28 @@ for (mib, bits), v in sorted(both.items()):
 print("(one rank's share of the chip's time, as the cost model reads it; > 1: separate is faster;"
       " buffers of 32 MiB but in the last column)")
 EOF
+fi
 
 # ---- (c) the codec kernels bit for bit
 if [ "$QUICK" != 1 ]; then
   step "tests: CUDA codec kernels bit for bit against the CPU codec"
-  run_step 90 "$LOGS/tests.log" "${PYTEST[@]}" tests/test_cuda_codec.py
+  run_step 90 "$LOGS/tests.log" "${PYTEST[@]}" tests/cuda/test_cuda_codec.py
 fi
 
-# ---- (d) the CUDA-IPC transport bit for bit: the separate kernels, then the fused kernel
+# ---- (d) the CUDA-IPC transport bit for bit: the separate kernels (then the fused kernel)
 step "tests: the separate kernels over CUDA IPC (QCOMM_IPC_KERNELS=separate), 2 and 4 ranks"
-run_step 90 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "separate and not ($EXTRA)" \
-  tests/test_cuda_allreduce.py
+run_step 90 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "not ($EXTRA)" \
+  tests/cuda/test_cuda_allreduce.py
 
-step "tests: the fused CUDA-IPC two_step, 2 and 4 ranks sharing the GPU"
-run_step 110 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda \
-  -k "not ($EXTRA) and not separate and not ($SHAPES)" tests/test_cuda_allreduce.py
+if [ "$EXPERIMENTS" = 1 ]; then
+  step "tests: the fused CUDA-IPC two_step (experiment), 2 and 4 ranks sharing the GPU"
+  run_step 110 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "not setup_agrees and not ($SHAPES)" \
+    "$FUSED_TESTS"
+fi
 
 # ---- (e) the NCCL transport
 step "tests: the NCCL transport at world size 1"
-run_step 30 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda tests/test_collective_algos.py
+run_step 30 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda tests/algo/test_collective_algos.py
 
 # ---- (f) why the codec kernels run at the speed they do: each one's duration alone, DRAM
 # throughput, occupancy and warp stalls from the hardware counters (Nsight Compute; ncu read them
@@ -298,70 +322,71 @@ if [ "$QUICK" != 1 ]; then
 fi
 
 # ---- (g) the rest, as time allows
-# where the fused kernel's time goes (QCOMM_IPC_PROFILE=1), and the launch shapes that may cut it:
-# tiles 4x larger (QCOMM_IPC_TILE_ELEMS: a quarter of the flags, fences and barriers per byte)
-# and task groups of fewer warps (QCOMM_IPC_TASK_WARPS: 2 or 8 independent groups per block, so
-# one group's round trips and fences overlap the others' work)
-# and, at tiles of 4096, the release fence the kernel used to issue before every flag
-# (QCOMM_IPC_RELEASE_FENCE=1) against the release store alone (the default), and each task group
-# asking L2 for the input tile it encodes next (QCOMM_CUDA_PREFETCH=1) against not
+# With EXPERIMENTS=1: where the fused kernel's time goes (QCOMM_IPC_PROFILE=1), and the launch
+# shapes that may cut it: tiles 4x larger (QCOMM_IPC_TILE_ELEMS: a quarter of the flags and
+# barriers per byte) and task groups of one warp (QCOMM_IPC_TASK_WARPS: 8 independent groups per
+# block, so one group's round trips overlap the others' work).
 # The shapes are timed unprofiled: the profile's counters cost far more than the kernel (on
 # 2026-11-30, 64 MiB at 8/8: 631 us unprofiled, 21640 us profiled, and 4x fewer tiles ran 3.65x
 # faster profiled), so a profiled time compares the profiler's overhead, not the shapes; one
 # profiled run at the default shape gives each phase's share.
+if [ "$EXPERIMENTS" = 1 ]; then
 step "fused CUDA-IPC two_step profiled (each phase's share; its time is the profiler's)"
-run_step 30 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
-  "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 --bits 8/8 --profile
-shape() {  # shape TILE TASK_WARPS RELEASE_FENCE PREFETCH
-  step "fused CUDA-IPC two_step, tiles of $1 elements, task groups of $2 warps, fence $3, prefetch $4"
-  local pf=()
-  [ "$4" = 1 ] && pf=(QCOMM_CUDA_PREFETCH=1)
-  run_step 30 "$LOGS/fused.txt" env -u QCOMM_CUDA_PREFETCH "${pf[@]}" \
-    QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS="$1" QCOMM_IPC_TASK_WARPS="$2" \
-    QCOMM_IPC_RELEASE_FENCE="$3" "$PY" benchmarks/ipc_two_step_bench.py --world 2 --sizes-mib 64 \
-    --bits 8/8 --csv "$LOGS/fused_shape_tile${1}_tw${2}_rf${3}_pf${4}.csv"
+run_step 30 "$LOGS/ipc_bench.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+  "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels fused --sizes-mib 64 --bits 8/8 \
+  --profile
+shape() {  # shape TILE TASK_WARPS
+  step "fused CUDA-IPC two_step, tiles of $1 elements, task groups of $2 warps"
+  run_step 30 "$LOGS/ipc_bench.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 QCOMM_IPC_TILE_ELEMS="$1" \
+    QCOMM_IPC_TASK_WARPS="$2" "$PY" benchmarks/ipc_two_step_bench.py --world 2 --kernels fused \
+    --sizes-mib 64 --bits 8/8 --csv "$LOGS/fused_shape_tile${1}_tw${2}.csv"
 }
-# (five runs of about 7 s each)
-shape 4096 8 0 0
-shape 16384 8 0 0
-shape 4096 1 0 0
-shape 4096 8 1 0
-shape 4096 8 0 1
+# (three runs of about 7 s each)
+shape 4096 8
+shape 16384 8
+shape 4096 1
 step "fused CUDA-IPC two_step: the launch shapes side by side (64 MiB, 8/8, 2 ranks)"
-OPTIONAL=1 run_step 5 "$LOGS/fused.txt" "$PY" - "$LOGS" "$OUT" <<'EOF'
+OPTIONAL=1 run_step 5 "$LOGS/ipc_bench.txt" "$PY" - "$LOGS" "$OUT" <<'EOF'
 import csv, glob, os, re, sys
 rows = []
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "fused_shape_tile*_tw*_rf*_pf*.csv"))):
-    shape = re.search(r"tile(\d+)_tw(\d+)_rf(\d)_pf(\d)", path).groups()
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "fused_shape_tile*_tw*.csv"))):
+    shape = re.search(r"tile(\d+)_tw(\d+)", path).groups()
     for r in csv.DictReader(open(path)):
         rows.append((float(r["time_us"]) * 2, *(int(g) for g in shape)))  # the rows hold t / W
 if not rows:
     sys.exit("no launch-shape results")
-base = next((r[0] for r in rows if r[1:] == (4096, 8, 0, 0)), None)
-print("| tile | task warps | release fence | prefetch | us (both ranks) | x the default |")
-print("|---|---|---|---|---|---|")
+base = next((r[0] for r in rows if r[1:] == (4096, 8)), None)
+print("| tile | task warps | us (both ranks) | x the default |")
+print("|---|---|---|---|")
 with open(os.path.join(sys.argv[2], "fused_shapes.csv"), "w", newline="") as f:
     w = csv.writer(f)
-    w.writerow(["tile_elems", "task_warps", "release_fence", "prefetch", "time_us", "x_default"])
-    for t, tile, tw, rf, pf in sorted(rows, key=lambda r: r[1:]):
+    w.writerow(["tile_elems", "task_warps", "time_us", "x_default"])
+    for t, tile, tw in sorted(rows, key=lambda r: r[1:]):
         x = f"{base / t:.2f}" if base else "-"
-        yes = lambda v: "yes" if v else "no"
-        print(f"| {tile} | {tw} | {yes(rf)} | {yes(pf)} | {t:.1f} | {x} |")
-        w.writerow([tile, tw, rf, pf, f"{t:.1f}", x])
-print("(the default: tiles of 4096, task groups of 8 warps, no fence, no prefetch)")
+        print(f"| {tile} | {tw} | {t:.1f} | {x} |")
+        w.writerow([tile, tw, f"{t:.1f}", x])
+print("(the default: tiles of 4096, task groups of 8 warps)")
 EOF
 
 step "tests: the fused kernel's pieces at the other launch shapes (tiles, task groups)"
-run_step 60 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "($SHAPES) and not separate" \
-  tests/test_cuda_allreduce.py
+run_step 60 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "$SHAPES" "$FUSED_TESTS"
+fi
 
-# 9 run_ranks (8 of the agreement test, 1 of the ordering test): ~120 s
+# 5 run_ranks (4 of the agreement test, 1 of the ordering test): ~70 s
 step "tests: IPC set-up agreement across ranks, calls on different streams"
-run_step 150 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "$EXTRA" tests/test_cuda_allreduce.py
+run_step 150 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "$EXTRA" tests/cuda/test_cuda_allreduce.py
+if [ "$EXPERIMENTS" = 1 ]; then
+  # 4 run_ranks: the fused settings, different or invalid on one rank
+  step "tests: the fused experiment's settings at the IPC set-up"
+  run_step 150 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k setup_agrees "$FUSED_TESTS"
+fi
 
-for kernels in separate fused; do
-  step "$kernels CUDA-IPC two_step, 4 ranks as threads on the one GPU (printed, not fed to the model)"
-  run_step 45 "$LOGS/fused.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
+KERNELS=(separate)
+[ "$EXPERIMENTS" = 1 ] && KERNELS+=(fused)
+for kernels in "${KERNELS[@]}"; do
+  what="$kernels CUDA-IPC two_step, 4 ranks as threads on the one GPU"
+  step "$what (printed, not fed to the model)"
+  run_step 45 "$LOGS/ipc_bench.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
     "$PY" benchmarks/ipc_two_step_bench.py --world 4 --sizes-mib 16,64 --kernels "$kernels"
 done
 
@@ -372,8 +397,11 @@ elif [ ! -s "$OUT/codec_kernels.csv" ]; then
   note "skipped: no codec CSV (the codec bench wrote none)"
   RESULTS+=("| $CURRENT | skipped (no codec CSV) | 0 |")
 else
-  for kind in fused separate; do
-    [ -s "$OUT/${kind}_two_step.csv" ] || { note "no ${kind}_two_step.csv: no cost model of it"; continue; }
+  for kind in "${KERNELS[@]}"; do
+    if [ ! -s "$OUT/${kind}_two_step.csv" ]; then
+      note "no ${kind}_two_step.csv: no cost model of it"
+      continue
+    fi
     ALL="$LOGS/kernels_${kind}.csv"
     cat "$OUT/codec_kernels.csv" >"$ALL"
     tail -n +2 "$OUT/${kind}_two_step.csv" >>"$ALL"
@@ -386,7 +414,7 @@ fi
 # static SASS counts that need cuobjdump, not a GPU): last, as nothing here needs this machine
 if [ "$QUICK" != 1 ]; then
   step "tests: the build (sm_90 compiled, SASS counts)"
-  run_step 60 "$LOGS/tests.log" "${PYTEST[@]}" tests/test_build.py
+  run_step 60 "$LOGS/tests.log" "${PYTEST[@]}" tests/cuda/test_build.py
 fi
 
 result=PASS

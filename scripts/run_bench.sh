@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the qnccl allreduce benchmark (python -m qcomm.bench) on CPU ranks. It first runs
-# scripts/setup.sh, which sets up .venv (torch 2.11.0) and builds the extension on a fresh machine and
-# is quick when that is done. Every argument goes to qcomm.bench; see --help. Examples:
+# scripts/setup.sh, which sets up .venv (torch 2.11.0) and builds the extension on a fresh machine
+# and is quick when that is done. Every argument goes to qcomm.bench; see --help. Examples:
 #   bash scripts/run_bench.sh                                  # defaults: 2 ranks, 1M,16M,64M fp32
 #   bash scripts/run_bench.sh --world 3 --dtype bf16 --sizes 1M,4M --iters 3 --csv bench.csv
 # The table goes to stdout, progress (and setup's log) to stderr; the exit status is non-zero when

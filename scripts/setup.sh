@@ -8,7 +8,8 @@ cd "$ROOT"
 PY="${QCOMM_PYTHON:-python3}"
 VENV="$ROOT/.venv"
 TORCH_VERSION="2.11.0"
-# module:requirement. ruff and clang-format are pinned so the format check means the same everywhere.
+# module:requirement. ruff and clang-format are pinned so the format check means the same
+# everywhere.
 DEPS=(numpy:numpy pytest:pytest ninja:ninja setuptools:setuptools wheel:wheel hypothesis:hypothesis
       matplotlib:matplotlib ruff:ruff==0.17.6 clang_format:clang-format==18.1.8
       megatron:megatron-core==0.16.1 gguf:gguf==0.19.0 tokenizers:tokenizers==0.23.3)
@@ -35,7 +36,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 
-if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+torch_ok="import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')"
+if ! "$VENV/bin/python" -c "$torch_ok" 2>/dev/null; then
   log "installing torch==$TORCH_VERSION (large download on first run)"
   pip_install --upgrade pip
   pip_install "torch==$TORCH_VERSION"
@@ -44,7 +46,8 @@ fi
 missing=()
 for d in "${DEPS[@]}"; do
   mod="${d%%:*}" req="${d#*:}"
-  "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$mod') is None)" 2>/dev/null || missing+=("$req")
+  has="import importlib.util, sys; sys.exit(importlib.util.find_spec('$mod') is None)"
+  "$VENV/bin/python" -c "$has" 2>/dev/null || missing+=("$req")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"
@@ -54,11 +57,15 @@ fi
 mkdir -p "$ROOT/build"
 log "building qcomm._C (MAX_JOBS=${MAX_JOBS:-2})"
 export PATH="$VENV/bin:$PATH"
-if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
-MAX_JOBS="${MAX_JOBS:-2}" "$VENV/bin/python" setup.py -q build_ext --inplace >"$ROOT/build/setup.log" 2>&1 || {
+if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export CUDA_HOME=/usr/local/cuda
+fi
+MAX_JOBS="${MAX_JOBS:-2}" "$VENV/bin/python" setup.py -q build_ext --inplace \
+  >"$ROOT/build/setup.log" 2>&1 || {
   tail -50 "$ROOT/build/setup.log" >&2
   log "build failed; the full log is build/setup.log"
   exit 1
 }
-"$VENV/bin/python" -c "import qcomm; print('[setup] qcomm ready, CUDA kernels compiled:', qcomm.compiled_with_cuda())" >&2
+"$VENV/bin/python" -c "import qcomm; print('[setup] qcomm ready, CUDA kernels compiled:',
+                      qcomm.compiled_with_cuda())" >&2
 echo "$VENV/bin/python"

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs the CUDA kernels' own sources on the CPU under the SIMT emulator (tests/native/simt): the
-# codec kernels against the CPU codec bit for bit, and the fused CUDA-IPC two_step kernel with
-# W ranks x B blocks against the host emulation. No GPU needed; nvcc is not used (g++ compiles the
-# .cu files as C++ with tests/native/simt/simt.h forced in), only the toolkit's headers.
-#   scripts/simt_check.sh [codec|ipc|all] [--quick]
+# codec kernels against the CPU codec bit for bit, and the separate kernels over CUDA IPC (the copy
+# and barrier kernels of csrc/cuda/ipc_kernels.cu) under the exchange's schedule, W ranks as
+# threads. No GPU needed; nvcc is not used (g++ compiles the .cu files as C++ with
+# tests/native/simt/simt.h forced in), only the toolkit's headers.
+#   scripts/simt_check.sh [codec|exchange|all] [--quick]
 #   scripts/simt_check.sh self [ok|divergent|exit|deadlock|race]   (the emulator's own test)
 # SIMT_TSAN=1 builds the kernels with ThreadSanitizer (a separate build directory).
-# Run by tests/test_simt_emulation.py. Exits non-zero on a difference or an emulator error.
+# Run by tests/cuda/test_simt_emulation.py. Exits non-zero on a difference or an emulator error.
+# (The fused two_step experiment's kernel: bash scripts/experiments_check.sh simt, which uses the
+# emulator built here through the same obj rule.)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
@@ -25,10 +28,12 @@ cd "$ROOT"
 CXX="${CXX_SIMT:-g++}"
 FLAGS=(-std=c++17 -O2 -g -ffp-contract=off -fno-strict-aliasing -D_GLIBCXX_USE_CXX11_ABI=1
   -I csrc -I "$CUDA_HOME/include" -I "$TORCH/include")
+# shellcheck disable=SC2054  # -Wl,-rpath,DIR is one argument
 LIBS=(-L "$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -lpthread -fsanitize=alignment)
 # the kernels: host C++ with the emulator forced in; a misaligned vector access (a trap on the
 # GPU) aborts under UBSan's alignment check
-KERNEL=(-x c++ -include tests/native/simt/simt.h -fsanitize=alignment -fno-sanitize-recover=alignment)
+KERNEL=(-x c++ -include tests/native/simt/simt.h -fsanitize=alignment
+  -fno-sanitize-recover=alignment)
 EMU=()  # the emulator's own runtime: never instrumented
 if [[ "${SIMT_TSAN:-0}" == 1 ]]; then
   # ThreadSanitizer over the kernels: every CUDA thread a TSan fiber, ordered only by barriers
@@ -49,8 +54,10 @@ obj() {  # obj OUT SRC [flags...]: compile unless OUT is newer than every source
 
 obj "$OUTDIR/simt.o" tests/native/simt/simt.cpp "${EMU[@]}"
 obj "$OUTDIR/codec_cpu.o" csrc/codec/codec_cpu.cpp
+obj "$OUTDIR/settings.o" csrc/common/settings.cpp
 
-if [[ "$WHAT" == self ]]; then  # the emulator's own test: scripts/simt_check.sh self [ok|divergent|...]
+# the emulator's own test: scripts/simt_check.sh self [ok|divergent|...]
+if [[ "$WHAT" == self ]]; then
   obj "$OUTDIR/selftest.o" tests/native/simt/selftest.cu "${KERNEL[@]}"
   "$CXX" "$OUTDIR/selftest.o" "$OUTDIR/simt.o" "${LIBS[@]}" -o "$OUTDIR/simt_selftest"
   exec "$OUTDIR/simt_selftest" "$@"
@@ -58,16 +65,15 @@ fi
 if [[ "$WHAT" == codec || "$WHAT" == all ]]; then
   obj "$OUTDIR/codec_kernels.o" csrc/cuda/codec_kernels.cu "${KERNEL[@]}"
   obj "$OUTDIR/codec_main.o" tests/native/simt/codec_main.cpp
-  "$CXX" "$OUTDIR/codec_main.o" "$OUTDIR/codec_kernels.o" "$OUTDIR/codec_cpu.o" "$OUTDIR/simt.o" \
-    "${LIBS[@]}" -o "$OUTDIR/simt_codec"
+  "$CXX" "$OUTDIR/codec_main.o" "$OUTDIR/codec_kernels.o" "$OUTDIR/codec_cpu.o" \
+    "$OUTDIR/settings.o" "$OUTDIR/simt.o" "${LIBS[@]}" -o "$OUTDIR/simt_codec"
   "$OUTDIR/simt_codec" "$@"
 fi
-if [[ "$WHAT" == ipc || "$WHAT" == all ]]; then
-  obj "$OUTDIR/ipc_two_step.o" csrc/cuda/ipc_two_step.cu "${KERNEL[@]}"
-  for f in python/ipc_emulation cuda/ipc_layout plan/plan plan/config; do obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"; done
-  obj "$OUTDIR/ipc_main.o" tests/native/simt/ipc_main.cpp
-  "$CXX" "$OUTDIR/ipc_main.o" "$OUTDIR/ipc_two_step.o" "$OUTDIR/ipc_emulation.o" "$OUTDIR/ipc_layout.o" \
-    "$OUTDIR/plan.o" "$OUTDIR/config.o" "$OUTDIR/codec_cpu.o" "$OUTDIR/simt.o" "${LIBS[@]}" \
-    -o "$OUTDIR/simt_ipc"
-  "$OUTDIR/simt_ipc" "$@"
+if [[ "$WHAT" == exchange || "$WHAT" == all ]]; then
+  obj "$OUTDIR/ipc_kernels.o" csrc/cuda/ipc_kernels.cu "${KERNEL[@]}"
+  for f in python/ipc_emulation cuda/ipc_layout; do obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"; done
+  obj "$OUTDIR/exchange_main.o" tests/native/simt/exchange_main.cpp
+  "$CXX" "$OUTDIR/exchange_main.o" "$OUTDIR/ipc_kernels.o" "$OUTDIR/ipc_emulation.o" \
+    "$OUTDIR/ipc_layout.o" "$OUTDIR/simt.o" "${LIBS[@]}" -o "$OUTDIR/simt_exchange"
+  "$OUTDIR/simt_exchange" "$@"
 fi

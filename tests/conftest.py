@@ -6,3 +6,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for p in (ROOT, HERE):
     if p not in sys.path:
         sys.path.insert(0, p)
+
+
+def _with_experiments():
+    """Whether the extension was built with QCOMM_EXPERIMENTS=1 (False when it cannot be
+    imported: the other tests then say why)."""
+    try:
+        from qcomm import _C
+    except ImportError:
+        return False
+    return bool(getattr(_C, "compiled_with_experiments", lambda: False)())
+
+
+# tests/experiments tests what only a QCOMM_EXPERIMENTS=1 build has (csrc/experiments/README.md;
+# bash scripts/experiments_check.sh): not collected from a default build
+collect_ignore = [] if _with_experiments() else ["experiments"]

@@ -18,20 +18,26 @@ _OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}
 
 
 class InProcGroup:
-    def __init__(self, world: int, timeout_s: float = 60.0):
+    """W qnccl backends over Gloo, one per rank; wrap(gloo) may stand between each and its Gloo
+    backend (tests/algo/wire_cases.py records the wire through it)."""
+
+    def __init__(self, world: int, timeout_s: float = 60.0, wrap=None):
         self.world = world
         store = dist.HashStore()
         timeout = datetime.timedelta(seconds=timeout_s)
         self.backends = [None] * world
+        self.inner = [None] * world
         cfg = qcomm.QuantConfig(min_bytes=0).as_tuple()
 
         def make(r):
             gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), r, world, timeout)
-            self.backends[r] = qcomm._C.QncclBackend(r, world, timeout, gloo, None, cfg)
+            self.inner[r] = wrap(gloo) if wrap is not None else gloo
+            self.backends[r] = qcomm._C.QncclBackend(r, world, timeout, self.inner[r], None, cfg)
 
-        self._on_all(make)
+        self.on_all(make)
 
-    def _on_all(self, fn):
+    def on_all(self, fn):
+        """Runs fn(rank) on one thread per rank; re-raises the first rank's error."""
         errors = [None] * self.world
 
         def run(r):
@@ -62,7 +68,7 @@ class InProcGroup:
             o.reduceOp = _OPS[op]
             self.backends[r].allreduce([outs[r]], o).wait()
 
-        self._on_all(run)
+        self.on_all(run)
         return outs
 
     def stats(self, rank: int = 0) -> dict:

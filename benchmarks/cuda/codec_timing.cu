@@ -1,11 +1,13 @@
 // The codec kernels timed without torch or Python: encode and decode of fp32 (or, with --dtype,
 // bf16 or fp16) messages, group 128,
 // 8/4 bits, asymmetric/symmetric, against cudaMemcpyAsync device to device (bytes read plus
-// written, as benchmarks/cuda_codec_bench.py counts them), in the default launch and in launch
-// variants read at every launch (kVariants below; a variant that changes only one of the two
-// kernels times the other as the default runs it). Each variant's bytes and decoded values are
-// compared with the default's. Built by scripts/codec_timing.sh with nvcc alone (no GPU needed to
-// build, no build on the GPU machine: the binary runs wherever a CUDA driver is).
+// written, as benchmarks/cuda_codec_bench.py counts them), in the default launch and in the
+// launch variants that QCOMM_CUDA_FULL_GRID and QCOMM_CUDA_ENCODE_BLOCKS force (kVariants below;
+// a variant that changes only one of the two kernels times the other as the default runs it;
+// the settings are read once per process, so each change is followed by settings::reload()).
+// Each variant's bytes and decoded values are compared with the default's. Built by
+// scripts/codec_timing.sh with nvcc alone, with csrc/common/settings.cpp (no GPU needed to build,
+// no build on the GPU machine: the binary runs wherever a CUDA driver is).
 //
 //     codec_timing [--sizes-mib 64,256,1024] [--iters 20] [--csv out.csv] [--dtype fp32|bf16|fp16]
 //
@@ -25,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "../../csrc/common/settings.h"
 #include "../../csrc/cuda/codec_kernels.h"
 
 namespace {
@@ -64,9 +67,7 @@ struct Variant {
   const char* name;
   std::vector<std::pair<const char*, const char*>> env;
 };
-const char* const kSettings[] = {"QCOMM_CUDA_FULL_GRID", "QCOMM_CUDA_ENCODE_BLOCKS",
-                                 "QCOMM_CUDA_PREFETCH", "QCOMM_CUDA_ENCODE_STAGED",
-                                 "QCOMM_CUDA_DECODE_UNROLL"};
+const char* const kSettings[] = {"QCOMM_CUDA_FULL_GRID", "QCOMM_CUDA_ENCODE_BLOCKS"};
 const std::vector<Variant> kVariants = {
     {"default", {}},
     {"resident, 3 blocks", {{"QCOMM_CUDA_FULL_GRID", "0"}, {"QCOMM_CUDA_ENCODE_BLOCKS", "3"}}},
@@ -75,9 +76,11 @@ const std::vector<Variant> kVariants = {
     {"4 blocks", {{"QCOMM_CUDA_ENCODE_BLOCKS", "4"}}},
 };
 
+// Exactly v's settings in the environment, and the process's cached settings read again.
 void apply(const Variant& v) {
   for (const char* s : kSettings) unsetenv(s);
   for (const auto& kv : v.env) setenv(kv.first, kv.second, 1);
+  qcomm::settings::reload();
 }
 
 // Mean time per call, in microseconds, of `iters` calls of fn queued behind a sleep kernel.

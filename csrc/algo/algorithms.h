@@ -1,46 +1,24 @@
-// The three quantized allreduce schedules on host memory, as sequences of codec calls and
-// transfers. Each works in place on `data` (numel elements of plan.dtype, contiguous).
+// The quantized allreduce, in place: two_step (two_step.cpp), ring (ring.cpp) and semi_ring
+// (semi_ring.cpp), each written once as a schedule of codec operations (CodecOps) and exchanges
+// (Transport), for CPU and CUDA tensors alike. The transport decides how a schedule runs: cut into
+// the plan's microshards with every receive posted first where transfers overlap the codec (Gloo
+// on host memory), or one collective per step where they are stream-ordered (NCCL, CUDA IPC).
+// Shards are whole groups and each element's noise depends on its index in the message alone,
+// so the result is the same bits either way (and those of qcomm/reference.py for the plan).
 #pragma once
 
-#include <vector>
+#include <ATen/ATen.h>
 
-#include "codec/codec.h"
+#include "codec/codec_ops.h"
 #include "plan/plan.h"
-#include "transport/c10d_transport.h"
+#include "transport/transport.h"
 
 namespace qcomm {
 
-void runTwoStep(const Plan& plan, Transport& t, void* data);
-void runRing(const Plan& plan, Transport& t, void* data);
-void runSemiRing(const Plan& plan, Transport& t, void* data);
-
-// Decode gather-phase bytes of `range` into data (in plan.dtype; fp16/bf16 through `scratch`).
-void decodeToOutput(const Plan& plan, const uint8_t* bytes, ChunkRange range, void* data,
-                    std::vector<float>& scratch);
-
-// For AVG: sum[i] / world, in fp32 (a no-op for SUM).
-void divideByWorld(const Plan& plan, float* sum, int64_t len);
-
-// a mod w in [0, w), for rank arithmetic that may go negative.
-inline int wrapRank(int a, int w) { return ((a % w) + w) % w; }
-
-// semi_ring's schedule (algo_semi_ring.cpp): the chunk `rank` sends, and the chunk it receives,
-// at its own step s of direction d (0: the right chain, R = world / 2 steps; 1: the left chain,
-// L = (world - 1) / 2 steps).
-inline int semiRingSendChunk(int rank, int world, int d, int s) {
-  return d == 0 ? wrapRank(rank - world / 2 + s, world)
-                : wrapRank(rank + (world - 1) / 2 - s, world);
-}
-inline int semiRingRecvChunk(int rank, int world, int d, int s) {
-  return semiRingSendChunk(wrapRank(rank + (d == 0 ? 1 : -1), world), world, d, s);
-}
-
-// Pointer to element `offset` of a buffer of plan.dtype.
-inline void* elemPtr(void* data, int32_t dtype, int64_t offset) {
-  return static_cast<uint8_t*>(data) + offset * dtypeBytes(dtype);
-}
-
-// A byte buffer for the transport.
-at::Tensor byteBuffer(int64_t bytes);
+// Runs plan.algorithm (kTwoStep, kRing or kSemiRing) in place on `data`: contiguous, plan.numel
+// elements of plan.dtype, on the device `ops` serves. Buffers are allocated before the first
+// exchange begins, and nothing after. An error names the rank and the step that failed. A rotated
+// plan is the caller's to rotate first (the message is then fp32).
+void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data);
 
 }  // namespace qcomm

@@ -1,62 +1,67 @@
-// GatherPipeline: the pipelined gather phase (gather_pipeline.h).
-#include "algo/gather.h"
-
-#include "algo/algorithms.h"
-#include "codec/codec_cpu.h"
+// The gather phase shared by two_step, ring and semi_ring (schedule.h, GatherPhase).
+#include "algo/schedule.h"
 
 namespace qcomm {
+namespace algo {
 
-GatherPipeline::GatherPipeline(const Plan& plan, Transport& t, void* data, int tagBase)
-    : plan_(plan), t_(t), data_(data), tagBase_(tagBase) {
-  const int world = plan.world;
-  const int shards = plan.microshards;
-  const int rank = t.rank();
-  unitBytes_ = alignUp16(encodedBytes(plan.shardElems, plan.ag));
-  send_ = byteBuffer(unitBytes_ * shards);
-  recv_ = byteBuffer(unitBytes_ * world * shards);
-  recvs_.resize(size_t(world * shards));
-  for (int k = 0; k < shards; ++k) {
-    for (int off = 1; off < world; ++off) {
-      const int j = (rank + off) % world;
-      const ChunkRange sh = plan.shard(j, k);
-      if (sh.len == 0) continue;
-      at::Tensor slice = recv_.narrow(0, unit(j, k) * unitBytes_, encodedBytes(sh.len, plan.ag));
-      inFlight_.push_back(slice);
-      recvs_[unit(j, k)] = t.irecv(slice, j, tagBase + k);
+GatherPhase::GatherPhase(Call& c, at::Tensor send, at::Tensor recv, float* scratch, int tagBase)
+    : c_(c), send_(std::move(send)), recv_(std::move(recv)), scratch_(scratch) {
+  unit_ = c.unit(c.plan.ag);
+  const int64_t w = c.world;
+  for (int k = 0; k < c.pieces; ++k) {
+    ids_.push_back(c.t.post(Exchange::slots(
+        Exchange::kAllGather, "gather phase, shard " + std::to_string(k), tagBase + k,
+        send_.narrow(0, k * unit_, unit_), recv_.narrow(0, k * w * unit_, w * unit_), unit_,
+        c.pieceBytes(k, c.plan.ag))));
+  }
+}
+
+void GatherPhase::decodeToOutput(const uint8_t* bytes, ChunkRange range) {
+  if (range.len == 0) return;
+  if (c_.inPlace()) {
+    c_.ops.decode(bytes, range.len, c_.plan.ag, c_.inputFloats(range.begin), false);
+    return;
+  }
+  c_.ops.decode(bytes, range.len, c_.plan.ag, scratch_, false);
+  c_.ops.castFromFloat(scratch_, range.len, c_.plan.dtype, c_.input(range.begin));
+}
+
+void GatherPhase::ownPieceReady(int k, float* sum) {
+  const ChunkRange own = c_.piece(c_.rank, k);
+  uint8_t* enc = Call::at(send_, k * unit_);
+  c_.step = "gather phase (encode)";
+  if (own.len > 0) {
+    if (c_.plan.average) c_.ops.divide(sum, own.len, c_.world);
+    c_.ops.encode(sum, kFloat32, own.len, c_.plan.ag, enc, agNoise(c_.plan, c_.rank, own.begin));
+  }
+  c_.t.ready(ids_[size_t(k)], c_.rank);
+  c_.step = "gather phase (decode)";
+  decodeToOutput(enc, own);
+}
+
+void GatherPhase::finish() {
+  c_.step = "gather phase (decode)";
+  for (int k = 0; k < c_.pieces; ++k) {
+    for (int off = 1; off < c_.world; ++off) {
+      const int j = (c_.rank + off) % c_.world;
+      const ChunkRange range = c_.piece(j, k);
+      if (range.len == 0) continue;
+      decodeToOutput(c_.t.wait(ids_[size_t(k)], j), range);
     }
   }
 }
 
-void GatherPipeline::ownShardReady(int k, float* sum) {
-  const int rank = t_.rank();
-  const ChunkRange sh = plan_.shard(rank, k);
-  if (sh.len == 0) return;
-  divideByWorld(plan_, sum, sh.len);
-  uint8_t* enc = send_.data_ptr<uint8_t>() + int64_t(k) * unitBytes_;
-  encodeBlock(sum, kFloat32, sh.len, plan_.ag, enc, agNoise(plan_, rank, sh.begin));
-  const int64_t bytes = encodedBytes(sh.len, plan_.ag);
-  for (int off = 1; off < plan_.world; ++off) {
-    at::Tensor slice = send_.narrow(0, int64_t(k) * unitBytes_, bytes);
-    inFlight_.push_back(slice);
-    sends_.push_back(t_.isend(slice, (rank + off) % plan_.world, tagBase_ + k));
-  }
-  decodeToOutput(plan_, enc, sh, data_, scratch_);
-}
-
-void GatherPipeline::finish() {
-  const int rank = t_.rank();
-  for (int k = 0; k < plan_.microshards; ++k) {
-    for (int off = 1; off < plan_.world; ++off) {
-      const int j = (rank + off) % plan_.world;
-      const ChunkRange sh = plan_.shard(j, k);
-      if (sh.len == 0) continue;
-      t_.wait(recvs_[unit(j, k)],
-              "gather phase, shard " + std::to_string(k) + " from rank " + std::to_string(j));
-      decodeToOutput(plan_, recv_.data_ptr<uint8_t>() + unit(j, k) * unitBytes_, sh, data_,
-                     scratch_);
+void GatherPhase::fromInput() {
+  for (int k = 0; k < c_.pieces; ++k) {
+    const ChunkRange own = c_.piece(c_.rank, k);
+    float* sum = c_.inPlace() ? c_.inputFloats(own.begin) : scratch_;
+    if (!c_.inPlace() && own.len > 0) {
+      c_.ops.castToFloat(c_.input(own.begin), c_.plan.dtype, own.len, sum);
     }
+    ownPieceReady(k, sum);
   }
-  for (auto& w : sends_) t_.wait(w, "gather phase send");
+  finish();
 }
 
+}  // namespace algo
 }  // namespace qcomm

@@ -8,97 +8,89 @@
 // | step | rank 0 sends | rank 1 sends | rank 2 sends |   (W = 3)
 // |  0   |   chunk 2    |   chunk 0    |   chunk 1    |
 // |  1   |   chunk 1    |   chunk 2    |   chunk 0    |
-// Each chunk is cut into microshards; a shard is forwarded as soon as its partial is ready, so the
-// transfer of shard k+1 overlaps the decode-add-encode of shard k. Shards are whole groups, so the
-// result does not depend on the number of shards. The gather phase (gather_pipeline.h) sends each
-// shard of the own chunk as soon as the last step completes it.
-#include <ATen/ATen.h>
-
-#include "algo/algorithms.h"
-#include "algo/gather.h"
-#include "codec/codec_cpu.h"
+// Each chunk is cut into P pieces (schedule.h); a piece is forwarded as soon as its partial is
+// ready, so over Gloo the transfer of piece k+1 overlaps the decode-add-encode of piece k; over a
+// stream-ordered transport each hop is one batch of a send and a receive. Pieces are whole groups,
+// so the result does not depend on P. The gather phase (schedule.h) takes each piece of the own
+// chunk as soon as the last step completes it.
+#include "algo/schedule.h"
 
 namespace qcomm {
+namespace algo {
 
-void runRing(const Plan& plan, Transport& t, void* data) {
-  const int world = plan.world;
-  const int rank = t.rank();
-  const int shards = plan.microshards;
-  const int steps = world - 1;
-  const int next = wrapRank(rank + 1, world);
-  const int prev = wrapRank(rank - 1, world);
-  const int64_t unitBytes = alignUp16(encodedBytes(plan.shardElems, plan.rs));
-  auto sendChunk = [&](int s) { return wrapRank(rank - s - 1, world); };
-  auto recvChunk = [&](int s) { return wrapRank(rank - s - 2, world); };
-  auto unit = [&](int s, int k) { return int64_t(s) * shards + k; };
+void ring(Call& c) {
+  const Plan& p = c.plan;
+  const int W = c.world, P = c.pieces, rank = c.rank;
+  const int steps = W - 1;
+  const int next = wrapRank(rank + 1, W), prev = wrapRank(rank - 1, W);
+  auto sendChunk = [&](int s) { return wrapRank(rank - s - 1, W); };
+  auto recvChunk = [&](int s) { return wrapRank(rank - s - 2, W); };
+  const int64_t rsUnit = c.unit(p.rs), agUnit = c.unit(p.ag);
+  // a unit per (step, piece) where receives are posted early; else one, reused hop after hop
+  const bool early = c.t.overlapsCodec();
+  auto slot = [&](int s, int k) { return early ? int64_t(s) * P + k : 0; };
+  const int64_t units = early ? int64_t(steps) * P : 1;
+  at::Tensor sendBuf = c.byteBuffer(steps > 0 ? rsUnit * units : 0);
+  at::Tensor recvBuf = c.byteBuffer(steps > 0 ? rsUnit * units : 0);
+  at::Tensor agSend = c.byteBuffer(agUnit * P), agRecv = c.byteBuffer(agUnit * W * P);
+  at::Tensor scratch = c.floatBuffer(c.inPlace() ? 0 : c.pieceElems);
+  float* partialScratch = scratch.data_ptr<float>();
 
-  // the gather phase's tags follow the reduce phase's (s * shards + k < world * shards)
-  GatherPipeline gather(plan, t, data, world * shards);
-  at::Tensor sendBuf = byteBuffer(unitBytes * steps * shards);
-  at::Tensor recvBuf = byteBuffer(unitBytes * steps * shards);
-  std::vector<at::Tensor> recvSlices(size_t(steps * shards));
-  std::vector<c10::intrusive_ptr<c10d::Work>> recvs(size_t(steps * shards));
-  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
-  std::vector<at::Tensor> sendSlices;
-
-  // Post every receive up front: the transport fills them as the bytes arrive.
+  // the gather phase's tags follow the reduce phase's (s * P + k < W * P)
+  GatherPhase gather(c, agSend, agRecv, partialScratch, W * P);
+  std::vector<int> hop(size_t(steps) * P);
   for (int s = 0; s < steps; ++s) {
-    for (int k = 0; k < shards; ++k) {
-      const ChunkRange sh = plan.shard(recvChunk(s), k);
-      if (sh.len == 0) continue;
-      const int64_t u = unit(s, k);
-      recvSlices[u] = recvBuf.narrow(0, u * unitBytes, encodedBytes(sh.len, plan.rs));
-      recvs[u] = t.irecv(recvSlices[u], prev, int(u));
+    for (int k = 0; k < P; ++k) {
+      const int tag = s * P + k;
+      const int64_t out = encodedBytes(c.piece(sendChunk(s), k).len, p.rs);
+      const int64_t in = encodedBytes(c.piece(recvChunk(s), k).len, p.rs);
+      hop[size_t(s) * P + k] = c.t.post(Exchange::ofLegs(
+          "ring reduce-scatter step " + std::to_string(s) + " shard " + std::to_string(k),
+          {{true, next, tag, sendBuf.narrow(0, slot(s, k) * rsUnit, rsUnit), out},
+           {false, prev, tag, recvBuf.narrow(0, slot(s, k) * rsUnit, rsUnit), in}}));
     }
   }
-  auto sendUnit = [&](int s, int k, const void* src, int32_t srcDtype, ChunkRange sh) {
-    const int64_t len = sh.len;
-    const int64_t u = unit(s, k);
-    at::Tensor slice = sendBuf.narrow(0, u * unitBytes, encodedBytes(len, plan.rs));
-    encodeBlock(src, srcDtype, len, plan.rs, slice.data_ptr<uint8_t>(),
-                rsNoise(plan, rank, sh.begin));
-    sendSlices.push_back(slice);
-    sends.push_back(t.isend(slice, next, int(u)));
-  };
-  for (int k = 0; k < shards; ++k) {
-    const ChunkRange sh = plan.shard(sendChunk(0), k);
-    if (sh.len > 0) sendUnit(0, k, elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh);
+  auto sent = [&](int s, int k) { c.t.ready(hop[size_t(s) * P + k], 0); };
+
+  if (steps == 0) {  // a world of one: the sum is the input
+    return gather.fromInput();
   }
 
-  // The partial sum of the chunk being reduced at this step, shard by shard; after the last step,
-  // the full sum of this rank's own chunk. fp32 messages keep it in place, in the chunk's own
-  // elements (each rank adds its input to a chunk once, so that input is not needed again), and
-  // decode with accumulation: x + decoded, bit for bit the decoded + x of the scratch path.
-  const bool inPlace = plan.dtype == kFloat32;
-  std::vector<float> partial(inPlace ? 0 : size_t(std::max<int64_t>(plan.chunkElems, 1)));
+  c.step = "ring reduce-scatter (encode)";
+  for (int k = 0; k < P; ++k) {
+    const ChunkRange piece = c.piece(sendChunk(0), k);
+    if (piece.len > 0) {
+      c.ops.encode(c.input(piece.begin), p.dtype, piece.len, p.rs,
+                   Call::at(sendBuf, slot(0, k) * rsUnit), rsNoise(p, rank, piece.begin));
+    }
+    sent(0, k);
+  }
+  // The partial sum of the chunk received at this step, piece by piece (in place for fp32): after
+  // the last step, the full sum of this rank's own chunk.
   for (int s = 0; s < steps; ++s) {
-    const int c = recvChunk(s);
-    const int64_t chunkBegin = plan.chunk(c).begin;
-    for (int k = 0; k < shards; ++k) {
-      const ChunkRange sh = plan.shard(c, k);
-      if (sh.len == 0) continue;
-      const int64_t u = unit(s, k);
-      t.wait(recvs[u], "ring reduce-scatter step " + std::to_string(s) + " shard " +
-                           std::to_string(k) + " (receive from rank " + std::to_string(prev) + ")");
-      float* p =
-          inPlace ? static_cast<float*>(data) + sh.begin : partial.data() + (sh.begin - chunkBegin);
-      if (inPlace) {
-        decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, true);
-      } else {
-        decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, false);
-        addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, p);
-      }
+    const int chunk = recvChunk(s);
+    for (int k = 0; k < P; ++k) {
+      const ChunkRange piece = c.piece(chunk, k);
+      const uint8_t* got = c.t.wait(hop[size_t(s) * P + k], 1);
+      float* partial = c.inPlace() ? c.inputFloats(piece.begin) : partialScratch;
+      const void* local = c.input(piece.begin);
       if (s + 1 < steps) {
-        sendUnit(s + 1, k, p, kFloat32, sh);
+        c.step = "ring reduce-scatter (decode, add, encode)";
+        if (piece.len > 0) {
+          c.ops.decodeAddEncode(got, p.rs, local, p.dtype, piece.len, partial, p.rs,
+                                Call::at(sendBuf, slot(s + 1, k) * rsUnit),
+                                rsNoise(p, rank, piece.begin));
+        }
+        sent(s + 1, k);
       } else {
-        gather.ownShardReady(k, p);  // the last step completes this rank's own chunk
+        c.step = "ring reduce-scatter (decode, add)";
+        if (piece.len > 0) c.ops.decodeAdd(got, p.rs, local, p.dtype, piece.len, partial);
+        gather.ownPieceReady(k, partial);  // the last step completes this rank's own chunk
       }
     }
-  }
-  for (size_t i = 0; i < sends.size(); ++i) {
-    t.wait(sends[i], "ring reduce-scatter send to rank " + std::to_string(next));
   }
   gather.finish();
 }
 
+}  // namespace algo
 }  // namespace qcomm

@@ -17,132 +17,133 @@
 // | 3 | 1 | 1 | 1 + 1                              |
 // | 4 | 2 | 1 | 2 + 1                              |
 // | 5 | 2 | 2 | 2 + 2                              |
-// Shards pipeline as in the ring (algo_ring.cpp); each shard of the own chunk enters the gather
-// phase (gather_pipeline.h) as soon as both halves of it are in.
-#include <ATen/ATen.h>
-
-#include "algo/algorithms.h"
-#include "algo/gather.h"
-#include "codec/codec_cpu.h"
+// Each step of each piece is one exchange of both directions' legs (over a stream-ordered
+// transport one batch, so both link directions run at once); pieces pipeline as in the ring
+// (ring.cpp), and each piece of the own chunk enters the gather phase (schedule.h) as soon as both
+// halves of it are in.
+#include "algo/schedule.h"
 
 namespace qcomm {
+namespace algo {
+namespace {
 
-void runSemiRing(const Plan& plan, Transport& t, void* data) {
-  const int world = plan.world;
-  const int rank = t.rank();
-  const int shards = plan.microshards;
-  const int rightSteps = world / 2;
-  const int leftSteps = (world - 1) / 2;
-  const int leftStart = rightSteps - leftSteps;
-  const int next = wrapRank(rank + 1, world);
-  const int prev = wrapRank(rank - 1, world);
-  const int64_t unitBytes = alignUp16(encodedBytes(plan.shardElems, plan.rs));
+// The chunk `rank` sends, and the chunk it receives, at its own step s of direction d (0: the
+// right chain, R = W / 2 steps; 1: the left chain, L = (W - 1) / 2 steps).
+int sendChunk(int rank, int W, int d, int s) {
+  return d == 0 ? wrapRank(rank - W / 2 + s, W) : wrapRank(rank + (W - 1) / 2 - s, W);
+}
+int recvChunk(int rank, int W, int d, int s) {
+  return sendChunk(wrapRank(rank + (d == 0 ? 1 : -1), W), W, d, s);
+}
 
+}  // namespace
+
+void semiRing(Call& c) {
+  const Plan& p = c.plan;
+  const int W = c.world, P = c.pieces, rank = c.rank;
+  const int right = W / 2, left = (W - 1) / 2, leftStart = right - left;
+  const int next = wrapRank(rank + 1, W), prev = wrapRank(rank - 1, W);
+  const int64_t rsUnit = c.unit(p.rs), agUnit = c.unit(p.ag);
   // Directions: 0 = right chain (send to prev, receive from next), 1 = left chain (the reverse).
   struct Dir {
     int steps;
+    int start;  // the step of this direction's first hop
     int sendPeer;
     int recvPeer;
   };
-  const Dir dirs[2] = {{rightSteps, prev, next}, {leftSteps, next, prev}};
-  auto sendChunk = [&](int d, int s) { return semiRingSendChunk(rank, world, d, s); };
-  auto recvChunk = [&](int d, int s) { return semiRingRecvChunk(rank, world, d, s); };
-  // One unit per (direction, step, shard); tags interleave the two directions.
-  const int64_t unitsPerDir = int64_t(rightSteps) * shards;
-  auto unit = [&](int d, int s, int k) { return (int64_t(s) * shards + k) * 2 + d; };
+  const Dir dirs[2] = {{right, 0, prev, next}, {left, leftStart, next, prev}};
+  // a unit per (direction, step, piece) where receives are posted early, else one per direction;
+  // tags interleave the two directions
+  const bool early = c.t.overlapsCodec();
+  auto unit = [&](int d, int ds, int k) { return (int64_t(ds) * P + k) * 2 + d; };
+  auto slot = [&](int d, int ds, int k) { return early ? unit(d, ds, k) : d; };
+  const int64_t units = early ? int64_t(right) * P * 2 : 2;
+  at::Tensor sendBuf = c.byteBuffer(right > 0 ? rsUnit * units : 0);
+  at::Tensor recvBuf = c.byteBuffer(right > 0 ? rsUnit * units : 0);
+  at::Tensor agSend = c.byteBuffer(agUnit * P), agRecv = c.byteBuffer(agUnit * W * P);
+  at::Tensor scratch = c.floatBuffer(c.inPlace() ? 0 : c.pieceElems);
+  float* partialScratch = scratch.data_ptr<float>();
 
-  // the gather phase's tags follow the reduce phase's ((s * shards + k) * 2 + d < 2 * W * shards)
-  GatherPipeline gather(plan, t, data, 2 * world * shards);
-  at::Tensor sendBuf = byteBuffer(unitBytes * unitsPerDir * 2);
-  at::Tensor recvBuf = byteBuffer(unitBytes * unitsPerDir * 2);
-  std::vector<at::Tensor> recvSlices(size_t(unitsPerDir * 2));
-  std::vector<c10::intrusive_ptr<c10d::Work>> recvs(size_t(unitsPerDir * 2));
-  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
-  std::vector<at::Tensor> sendSlices;
-
-  for (int d = 0; d < 2; ++d) {
-    for (int s = 0; s < dirs[d].steps; ++s) {
-      for (int k = 0; k < shards; ++k) {
-        const ChunkRange sh = plan.shard(recvChunk(d, s), k);
-        if (sh.len == 0) continue;
-        const int64_t u = unit(d, s, k);
-        recvSlices[u] = recvBuf.narrow(0, u * unitBytes, encodedBytes(sh.len, plan.rs));
-        recvs[u] = t.irecv(recvSlices[u], dirs[d].recvPeer, int(u));
+  // the gather phase's tags follow the reduce phase's ((s * P + k) * 2 + d < 2 * W * P)
+  GatherPhase gather(c, agSend, agRecv, partialScratch, 2 * W * P);
+  // hop[s][k]: the exchange of global step s, piece k; leg 2 * i sends and 2 * i + 1 receives for
+  // the i-th direction active at that step (the right chain, then the left from leftStart on)
+  std::vector<int> hop(size_t(right) * P);
+  for (int s = 0; s < right; ++s) {
+    for (int k = 0; k < P; ++k) {
+      std::vector<Exchange::Leg> legs;
+      for (int d = 0; d < 2; ++d) {
+        const int ds = s - dirs[d].start;
+        if (ds < 0) continue;
+        const int tag = int(unit(d, ds, k));
+        const int64_t at = slot(d, ds, k) * rsUnit;
+        legs.push_back({true, dirs[d].sendPeer, tag, sendBuf.narrow(0, at, rsUnit),
+                        encodedBytes(c.piece(sendChunk(rank, W, d, ds), k).len, p.rs)});
+        legs.push_back({false, dirs[d].recvPeer, tag, recvBuf.narrow(0, at, rsUnit),
+                        encodedBytes(c.piece(recvChunk(rank, W, d, ds), k).len, p.rs)});
       }
+      hop[size_t(s) * P + k] = c.t.post(Exchange::ofLegs(
+          "semi_ring reduce-scatter step " + std::to_string(s) + " shard " + std::to_string(k),
+          std::move(legs)));
     }
   }
-  auto sendUnit = [&](int d, int s, int k, const void* src, int32_t srcDtype, ChunkRange sh) {
-    const int64_t len = sh.len;
-    const int64_t u = unit(d, s, k);
-    at::Tensor slice = sendBuf.narrow(0, u * unitBytes, encodedBytes(len, plan.rs));
-    encodeBlock(src, srcDtype, len, plan.rs, slice.data_ptr<uint8_t>(),
-                rsNoise(plan, rank, sh.begin));
-    sendSlices.push_back(slice);
-    sends.push_back(t.isend(slice, dirs[d].sendPeer, int(u)));
-  };
+  // the index of direction d's send leg in the exchange of global step s (its receive: + 1)
+  auto legIndex = [&](int d, int s) { return d == 1 && s >= leftStart ? 2 : 0; };
+  auto exchangeOf = [&](int d, int ds, int k) { return hop[size_t(ds + dirs[d].start) * P + k]; };
+
+  if (right == 0) {  // a world of one: the sum is the input
+    return gather.fromInput();
+  }
+
+  c.step = "semi_ring reduce-scatter (encode)";
   for (int d = 0; d < 2; ++d) {
     if (dirs[d].steps == 0) continue;
-    for (int k = 0; k < shards; ++k) {
-      const ChunkRange sh = plan.shard(sendChunk(d, 0), k);
-      if (sh.len > 0) sendUnit(d, 0, k, elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh);
-    }
-  }
-
-  // One fp32 partial per direction; at the last step both hold halves of this rank's own chunk.
-  // fp32 messages keep partials in place in the chunk's own elements, decoding with accumulation
-  // (x + decoded equals decoded + x bit for bit; a rank adds its input to each chunk once, on one
-  // chain only). The owner then accumulates right, then left: (x + right) + left.
-  const bool inPlace = plan.dtype == kFloat32;
-  std::vector<float> partial[2];
-  if (!inPlace) {
-    for (auto& p : partial) p.resize(size_t(std::max<int64_t>(plan.chunkElems, 1)));
-  }
-  // Shard k of this rank's own chunk, once both halves are in: (x + right) + left, then gather.
-  auto ownShardDone = [&](int k) {
-    const ChunkRange sh = plan.shard(rank, k);
-    if (sh.len == 0) return;
-    if (inPlace) {
-      gather.ownShardReady(k, static_cast<float*>(data) + sh.begin);
-      return;
-    }
-    const int64_t off = sh.begin - plan.chunk(rank).begin;
-    float* sum = partial[0].data() + off;
-    addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, sum);
-    if (leftSteps > 0) {
-      for (int64_t i = 0; i < sh.len; ++i) sum[i] = sum[i] + partial[1][size_t(off + i)];
-    }
-    gather.ownShardReady(k, sum);
-  };
-  for (int s = 0; s < rightSteps; ++s) {
-    for (int k = 0; k < shards; ++k) {
-      for (int d = 0; d < 2; ++d) {
-        const int ds = d == 0 ? s : s - leftStart;  // this direction's own step number
-        if (ds < 0) continue;
-        const int c = recvChunk(d, ds);
-        const ChunkRange sh = plan.shard(c, k);
-        if (sh.len == 0) continue;
-        const int64_t u = unit(d, ds, k);
-        t.wait(recvs[u], std::string("semi_ring ") + (d == 0 ? "right" : "left") + " step " +
-                             std::to_string(ds) + " shard " + std::to_string(k) +
-                             " (receive from rank " + std::to_string(dirs[d].recvPeer) + ")");
-        const bool owner = ds + 1 == dirs[d].steps;
-        if (inPlace) {
-          float* p = static_cast<float*>(data) + sh.begin;
-          decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, true);
-          if (!owner) sendUnit(d, ds + 1, k, p, kFloat32, sh);
-          continue;
-        }
-        float* p = partial[d].data() + (sh.begin - plan.chunk(c).begin);
-        decodeBlock(recvSlices[u].data_ptr<uint8_t>(), sh.len, plan.rs, p, false);
-        if (owner) continue;  // both halves are combined below, in a fixed order
-        addToFloat(elemPtr(data, plan.dtype, sh.begin), plan.dtype, sh.len, p);
-        sendUnit(d, ds + 1, k, p, kFloat32, sh);
+    for (int k = 0; k < P; ++k) {
+      const ChunkRange piece = c.piece(sendChunk(rank, W, d, 0), k);
+      if (piece.len > 0) {
+        c.ops.encode(c.input(piece.begin), p.dtype, piece.len, p.rs,
+                     Call::at(sendBuf, slot(d, 0, k) * rsUnit), rsNoise(p, rank, piece.begin));
       }
-      if (s + 1 == rightSteps) ownShardDone(k);  // both halves of shard k have arrived
+      c.t.ready(exchangeOf(d, 0, k), legIndex(d, dirs[d].start));
+    }
+  }
+  // Intermediate ranks forward decoded + local (in place for fp32). The owner sums in `sum` (its
+  // chunk's elements for fp32, else the scratch): right + local, then + left, in that order.
+  for (int s = 0; s < right; ++s) {
+    for (int k = 0; k < P; ++k) {
+      for (int d = 0; d < 2; ++d) {
+        const int ds = s - dirs[d].start;  // this direction's own step
+        if (ds < 0) continue;
+        const ChunkRange piece = c.piece(recvChunk(rank, W, d, ds), k);
+        const uint8_t* got = c.t.wait(exchangeOf(d, ds, k), legIndex(d, s) + 1);
+        float* partial = c.inPlace() ? c.inputFloats(piece.begin) : partialScratch;
+        const void* local = c.input(piece.begin);
+        if (ds + 1 < dirs[d].steps) {
+          c.step = "semi_ring reduce-scatter (decode, add, encode)";
+          if (piece.len > 0) {
+            c.ops.decodeAddEncode(got, p.rs, local, p.dtype, piece.len, partial, p.rs,
+                                  Call::at(sendBuf, slot(d, ds + 1, k) * rsUnit),
+                                  rsNoise(p, rank, piece.begin));
+          }
+          c.t.ready(exchangeOf(d, ds + 1, k), legIndex(d, s + 1));
+        } else if (piece.len > 0) {
+          // the owner: the right half plus the local input, then the left half added to it
+          c.step = "semi_ring reduce-scatter (owner's sum)";
+          if (d == 0) {
+            c.ops.decodeAdd(got, p.rs, local, p.dtype, piece.len, partial);
+          } else {
+            c.ops.decode(got, piece.len, p.rs, partial, true);
+          }
+        }
+      }
+      if (s + 1 == right) {  // both halves of piece k are in
+        const ChunkRange own = c.piece(rank, k);
+        gather.ownPieceReady(k, c.inPlace() ? c.inputFloats(own.begin) : partialScratch);
+      }
     }
   }
   gather.finish();
-  for (auto& w : sends) t.wait(w, "semi_ring reduce-scatter send");
 }
 
+}  // namespace algo
 }  // namespace qcomm

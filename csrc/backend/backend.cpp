@@ -5,28 +5,18 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 
 #include "algo/algorithms.h"
 #include "backend/work.h"
 #include "codec/codec_cpu.h"
+#include "codec/codec_ops.h"
+#include "common/errors.h"
+#include "common/settings.h"
+#include "common/torch_dtype.h"
 #include "transport/c10d_transport.h"
 
 namespace qcomm {
-int32_t codecDtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return kFloat32;
-    case at::kHalf:
-      return kFloat16;
-    case at::kBFloat16:
-      return kBFloat16;
-    default:
-      return -1;
-  }
-}
-
 namespace {
 std::atomic<int64_t> liveBackends{0};
 }  // namespace
@@ -93,7 +83,7 @@ c10d::Backend* QncclBackend::pickAll(const std::vector<at::Tensor>& ts, const ch
 Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
   CallFacts f;
   f.numel = t.numel();
-  f.dtype = codecDtype(t.scalar_type());
+  f.dtype = dtypeOf(t.scalar_type());
   f.opSum = op.op_ == c10d::ReduceOp::SUM;
   f.opAvg = op.op_ == c10d::ReduceOp::AVG;
   // torch.distributed.all_reduce hands complex tensors to backends as view_as_real(t): a real
@@ -106,8 +96,7 @@ Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
 #ifdef QCOMM_WITH_CUDA
     // Opt-in until the CUDA transports have run on a GPU (README, "CUDA tensors"): by default a
     // CUDA allreduce stays NCCL's, exactly.
-    const char* optIn = std::getenv("QCOMM_CUDA_QUANTIZE");
-    if (!optIn || std::string(optIn) != "1") {
+    if (!settings::flag("QCOMM_CUDA_QUANTIZE")) {
       p.quantize = false;
       p.reason = "CUDA tensor: quantizing CUDA allreduces is opt-in (QCOMM_CUDA_QUANTIZE=1)";
     }
@@ -161,32 +150,19 @@ void QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
                                    std::chrono::milliseconds timeout) {
   // Work on a contiguous buffer; a non-contiguous input gets the result copied back (in place).
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
-  Transport transport(gloo_.get(), getRank(), getSize(), timeout);
+  C10dTransport transport(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
   agreeOnPlan(plan, transport);
-  // With rotation the algorithm runs in place on the fp32 rotated message, then rotates back.
-  at::Tensor rotated;
+  CpuCodecOps ops;
   if (plan.rotate) {
-    rotated = at::empty({plan.numel}, at::kFloat);
+    // the algorithm runs in place on the fp32 rotated message, then it is rotated back
+    at::Tensor rotated = at::empty({plan.numel}, at::kFloat);
     rotateForward(buf.data_ptr(), plan.userDtype, plan.userNumel, plan.rs.groupSize,
                   rotated.data_ptr<float>());
-  }
-  void* data = plan.rotate ? rotated.data_ptr() : buf.data_ptr();
-  switch (plan.algorithm) {
-    case kTwoStep:
-      runTwoStep(plan, transport, data);
-      break;
-    case kRing:
-      runRing(plan, transport, data);
-      break;
-    case kSemiRing:
-      runSemiRing(plan, transport, data);
-      break;
-    default:
-      TORCH_CHECK(false, prefix(), "allreduce: unknown algorithm ", plan.algorithm);
-  }
-  if (plan.rotate) {
+    runAllreduce(plan, transport, ops, rotated);
     rotateInverse(rotated.data_ptr<float>(), plan.numel, plan.rs.groupSize);
     castFromFloat(rotated.data_ptr<float>(), plan.userNumel, plan.userDtype, buf.data_ptr());
+  } else {
+    runAllreduce(plan, transport, ops, buf);
   }
   if (!buf.is_same(tensor)) tensor.copy_(buf);
   stats_.quantizedCalls++;
@@ -194,12 +170,12 @@ void QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
   stats_.wireBytes += transport.bytesSent();
 }
 
-void QncclBackend::agreeOnPlan(const Plan& plan, Transport& t) {
+void QncclBackend::agreeOnPlan(const Plan& plan, C10dTransport& t) {
   const PlanHeader mine = headerOf(plan);
   at::Tensor send = at::empty({int64_t(sizeof(PlanHeader))}, at::kByte);
   at::Tensor recv = at::empty({int64_t(sizeof(PlanHeader)) * getSize()}, at::kByte);
   std::memcpy(send.data_ptr(), &mine, sizeof(PlanHeader));
-  t.allGather(recv, send, "exchange of the call's header (numel, dtype, op, config)");
+  t.allGatherNow(recv, send, "exchange of the call's header (numel, dtype, op, config)");
   std::vector<PlanHeader> all(static_cast<size_t>(getSize()));
   std::memcpy(all.data(), recv.data_ptr(), sizeof(PlanHeader) * all.size());
   const std::string mismatch = describeMismatch(all);

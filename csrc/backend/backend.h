@@ -18,9 +18,6 @@
 
 namespace qcomm {
 
-// The codec's DType of a torch dtype, or -1 when it is not fp32, fp16 or bf16.
-int32_t codecDtype(at::ScalarType t);
-
 struct Stats {
   std::atomic<int64_t> quantizedCalls{0};
   std::atomic<int64_t> passthroughCalls{0};
@@ -145,7 +142,7 @@ class QncclBackend : public c10d::Backend {
   CudaPath& cudaPath(int device, bool capturing);
   std::chrono::milliseconds callTimeout(const c10d::AllreduceOptions& opts) const;
   // Exchange the plan's header; throws on every rank, naming the difference, if ranks disagree.
-  void agreeOnPlan(const Plan& plan, Transport& t);
+  void agreeOnPlan(const Plan& plan, C10dTransport& t);
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Backend> gloo_;

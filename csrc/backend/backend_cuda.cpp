@@ -17,13 +17,17 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <cstdlib>
-
-#include "algo/collective.h"
+#include "algo/algorithms.h"
 #include "backend/backend.h"
 #include "backend/work.h"
-#include "codec/codec_ops.h"
+#include "common/errors.h"
+#include "common/settings.h"
+#include "cuda/cuda_codec_ops.h"
+#include "transport/c10d_transport.h"
 #include "transport/cuda_ipc.h"
+#ifdef QCOMM_EXPERIMENTS
+#include "experiments/ipc_fused/fused.h"
+#endif
 
 namespace qcomm {
 
@@ -39,77 +43,32 @@ void CudaPathDeleter::operator()(CudaPath* p) const { delete p; }
 
 namespace {
 
-// QCOMM_TRANSPORT: auto (IPC when every rank can map every peer's buffer, else NCCL), ipc, nccl.
-std::string transportMode(const std::string& prefix) {
-  const char* v = std::getenv("QCOMM_TRANSPORT");
-  const std::string mode = v && *v ? v : "auto";
-  TORCH_CHECK_VALUE(mode == "auto" || mode == "ipc" || mode == "nccl", prefix,
-                    "invalid QCOMM_TRANSPORT '", mode, "'; allowed: auto, ipc, nccl");
-  return mode;
+// This rank's CUDA-IPC settings (common/settings.cpp), read at the group's CUDA set-up.
+IpcTransport::Settings ipcSettings() {
+  IpcTransport::Settings s;
+  s.mode = settings::text("QCOMM_TRANSPORT");
+  s.bufferBytes = settings::number("QCOMM_IPC_BUFFER_MB") << 20;
+  s.separate = settings::text("QCOMM_IPC_KERNELS") == "separate";
+  s.blocks = int(settings::number("QCOMM_IPC_BLOCKS"));
+  s.spinTimeoutMs = settings::number("QCOMM_IPC_SPIN_TIMEOUT_MS");
+#ifdef QCOMM_EXPERIMENTS
+  (void)settings::number("QCOMM_IPC_TASK_WARPS");  // invalid: refused at set-up, on every rank
+  s.tileElems = settings::number("QCOMM_IPC_TILE_ELEMS");
+  s.profileSlots = settings::flag("QCOMM_IPC_PROFILE") ? kIpcProfileSlots : 0;
+  if (!s.separate) s.preload = fusedPreload;
+#endif
+  return s;
 }
 
-// The integer setting `name`, or `unset` when it is not set or empty; a ValueError naming the
-// setting and what is `allowed` when it is not a whole integer or `ok` refuses it.
-template <class Ok>
-long long intSetting(const char* name, long long unset, const std::string& prefix, Ok ok,
-                     const std::string& allowed) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return unset;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  TORCH_CHECK_VALUE(end && *end == '\0' && ok(n), prefix, "invalid ", name, " '", v,
-                    "'; allowed: ", allowed);
-  return n;
-}
-
-// QCOMM_IPC_BUFFER_MB: each rank's CUDA-IPC buffer, in MiB (default 32).
-int64_t ipcBufferBytes(const std::string& prefix) {
-  const long long mb = intSetting(
-      "QCOMM_IPC_BUFFER_MB", 32, prefix, [](long long n) { return n >= 1 && n <= 65536; },
-      "an integer from 1 to 65536");
-  return int64_t(mb) << 20;
-}
-
-// QCOMM_IPC_TILE_ELEMS: elements per tile of the fused two_step (default 4096).
-int64_t ipcTileElems(const std::string& prefix) {
-  return intSetting(
-      "QCOMM_IPC_TILE_ELEMS", kIpcTileElems, prefix,
-      [](long long n) {
-        return n >= kIpcMinTileElems && n <= kIpcMaxTileElems && (n & (n - 1)) == 0;
-      },
-      "a power of two from " + std::to_string(kIpcMinTileElems) + " to " +
-          std::to_string(kIpcMaxTileElems));
-}
-
-// QCOMM_IPC_TASK_WARPS: warps per task group of the fused kernel (1, 2, 4 or 8; default 8, the
-// whole block). A local launch shape: ranks may differ, the results do not depend on it.
-int ipcTaskWarps(const std::string& prefix) {
-  return int(intSetting(
-      "QCOMM_IPC_TASK_WARPS", kIpcBlockWarps, prefix,
-      [](long long n) { return n == 1 || n == 2 || n == 4 || n == 8; }, "1, 2, 4 or 8"));
-}
-
-// QCOMM_IPC_KERNELS: how the CUDA-IPC transport runs two_step: separate (default; the NCCL
-// transport's codec kernels, with the bytes copied through the buffers: ipc_exchange.h) or fused
-// (one persistent kernel, ipc_two_step.cu). The same on every rank (the set-up checks). Separate
-// is the default since the H200 timed both side by side (2026-11-30, eighth session: 1.6-2.7x
-// faster from 16 to 256 MiB; benchmarks/RESULTS.md), and its kernels need no co-residency: the
-// fused kernel's blocks all spin on peers at once, so work holding SMs delays every rank.
-bool ipcSeparateKernels(const std::string& prefix) {
-  const char* v = std::getenv("QCOMM_IPC_KERNELS");
-  const std::string k = v && *v ? v : "separate";
-  TORCH_CHECK_VALUE(k == "fused" || k == "separate", prefix, "invalid QCOMM_IPC_KERNELS '", k,
-                    "'; allowed: fused, separate");
-  return k == "separate";
-}
-
-// The NCCL transport: the algorithms over the inner backend's collectives (collective_algos.cpp)
-// with the CUDA codec kernels on `stream`. Returns the encoded bytes this rank sends (the unpadded
-// count: the all-to-all and all-gather pad units to one size).
-int64_t runCollectiveCuda(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor& data,
-                          const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout) {
-  std::unique_ptr<CodecOps> ops = makeCudaCodecOps(stream.stream(), stream.device_index());
-  runCollective(plan, inner, rank, data, *ops, timeout);
+// The NCCL transport: the algorithms over the inner backend's collectives with the CUDA codec
+// kernels on `stream`. Returns the encoded bytes this rank sends (the unpadded count: the
+// all-to-all and all-gather pad units to one size).
+int64_t runOverNccl(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor& data,
+                    const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout) {
+  C10dTransport t(&inner, rank, plan.world, timeout, C10dTransport::kCollectives,
+                  /*streamOrdered=*/true);
+  std::unique_ptr<CodecOps> ops = makeCudaCodecOps(stream.stream());
+  runAllreduce(plan, t, *ops, data);
   int64_t wire = 0;
   for (int c = 0; c < plan.world; ++c) {
     const ChunkRange ch = plan.chunk(c);
@@ -117,6 +76,37 @@ int64_t runCollectiveCuda(const Plan& plan, c10d::Backend& inner, int rank, at::
                       : encodedBytes(ch.len, plan.rs);
   }
   return wire;
+}
+
+// two_step over CUDA IPC: the same schedule, its exchanges as copy and barrier kernels through
+// the buffers. Returns the bytes this rank writes into its peers' buffers.
+int64_t runOverIpc(const Plan& plan, IpcTransport& ipc, int rank, at::Tensor& data,
+                   const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout,
+                   bool eager) {
+#ifdef QCOMM_EXPERIMENTS
+  if (!ipc.separate()) return runFusedTwoStep(ipc, plan, data, stream.stream(), timeout, eager);
+#endif
+  int64_t sent = 0;
+  std::string cause;
+  try {
+    std::unique_ptr<Transport> t = ipc.exchanges(stream.stream(), timeout);
+    std::unique_ptr<CodecOps> ops = makeCudaCodecOps(stream.stream());
+    runAllreduce(plan, *t, *ops, data);
+    sent = t->bytesSent();
+  } catch (const c10::Error& e) {
+    cause = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    cause = e.what();
+  }
+  if (!cause.empty()) {
+    // the algorithm's errors already say "[qcomm rank r/W] allreduce: ": said once, by ended()
+    for (const std::string& lead : {rankPrefix(rank, plan.world), std::string("allreduce: ")}) {
+      if (cause.rfind(lead, 0) == 0) cause = cause.substr(lead.size());
+    }
+    cause = "the CUDA-IPC two_step (separate kernels) failed: " + cause;
+  }
+  ipc.ended(stream.stream(), eager, cause);
+  return sent;
 }
 
 bool isCapturing(const c10::cuda::CUDAStream& s) {
@@ -147,11 +137,13 @@ std::string QncclBackend::cudaIpcKernels() const {
 std::vector<std::pair<std::string, int64_t>> QncclBackend::cudaIpcProfile() const {
   std::lock_guard<std::mutex> lock(cudaMutex_);
   std::vector<std::pair<std::string, int64_t>> out;
+#ifdef QCOMM_EXPERIMENTS
   if (!cuda_ || !cuda_->ipc) return out;
   const std::vector<int64_t> v = cuda_->ipc->profile();
   for (size_t i = 0; i < v.size(); ++i) {
     out.emplace_back(i < size_t(kIpcPhases) ? kIpcPhaseNames[i] : "runs", v[i]);
   }
+#endif
   return out;
 }
 
@@ -174,19 +166,14 @@ CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
   try {
     // invalid settings still take part in the set-up (as mode "invalid"), so that every rank
     // raises instead of the others waiting for this one in the store
-    std::string mode = "invalid", settingsError;
-    int64_t bufferBytes = 0, tileElems = kIpcTileElems;
-    int taskWarps = kIpcBlockWarps;
-    bool separate = false;
+    IpcTransport::Settings settings;
+    std::string settingsError;
     try {
-      mode = transportMode(prefix());
-      bufferBytes = ipcBufferBytes(prefix());
-      tileElems = ipcTileElems(prefix());
-      taskWarps = ipcTaskWarps(prefix());
-      separate = ipcSeparateKernels(prefix());
-    } catch (const c10::Error& e) {
-      mode = "invalid";
-      settingsError = e.what_without_backtrace();
+      settings = ipcSettings();
+    } catch (const std::exception& e) {
+      settings = IpcTransport::Settings{};
+      settings.mode = "invalid";
+      settingsError = prefix() + e.what();
     }
     std::unique_ptr<CudaPath, CudaPathDeleter> p(
         new CudaPath(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)));
@@ -194,12 +181,11 @@ CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
     std::string mustFail;
     if (!store_) {
       p->note = "no store was given to the backend";
-      if (mode == "ipc") mustFail = "QCOMM_TRANSPORT=ipc but " + p->note;
+      if (settings.mode == "ipc") mustFail = "QCOMM_TRANSPORT=ipc but " + p->note;
     } else {
       // every rank takes part, whatever its mode, so that the verdict is the same everywhere
-      p->ipc = IpcTransport::create(*store_, getRank(), getSize(), device, bufferBytes, tileElems,
-                                    separate, mode, &p->note, &mustFail);
-      if (p->ipc) p->ipc->setTaskWarps(taskWarps);
+      p->ipc = IpcTransport::create(*store_, getRank(), getSize(), device, settings, &p->note,
+                                    &mustFail);
     }
     TORCH_CHECK_VALUE(settingsError.empty(), settingsError);
     TORCH_CHECK(mustFail.empty(), prefix(), "allreduce: ", mustFail);
@@ -237,7 +223,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   // with ranks as threads of one process the copy kernel's first launch (lazy loading) or an
   // allocation that synchronises the device would wait for that peer.
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  Transport control(gloo_.get(), getRank(), getSize(), timeout);
+  C10dTransport control(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
   agreeOnPlan(plan, control);  // host-side, over Gloo: nothing waits for the device
   // an earlier call's kernel gave up: say so before enqueuing more. After the agreement, so that
   // a peer whose kernels ended cleanly is not left waiting in it: it enqueues, and its kernel
@@ -268,9 +254,9 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
         c10::cuda::CUDACachingAllocator::recordStream(buf.storage().data_ptr(), run);
     }
     if (useIpc) {
-      wire = ipc->run(plan, buf, run.stream(), timeout);
+      wire = runOverIpc(plan, *ipc, getRank(), buf, run, timeout, !isCapturing(run));
     } else {
-      wire = runCollectiveCuda(plan, *nccl_, getRank(), buf, run, timeout);
+      wire = runOverNccl(plan, *nccl_, getRank(), buf, run, timeout);
     }
     if (!buf.is_same(t)) t.copy_(buf);
   }

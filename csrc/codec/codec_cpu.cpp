@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/settings.h"
+
 namespace qcomm {
 namespace {
 
@@ -140,9 +142,9 @@ int selectCpuIsa(const std::string& name, const char* what) {
   if (name == "auto") return best;
   const int i = loopsIndex(name);
   if (i < 0 || !kLoops[i].supported()) {
-    throw std::invalid_argument(std::string("[qcomm] ") + what + "='" + name + "' is " +
+    throw std::invalid_argument(std::string("qcomm: invalid ") + what + "='" + name + "' (" +
                                 (i < 0 ? "not an instruction set" : "not available on this CPU") +
-                                ": allowed are auto, " + have);
+                                "); allowed: auto, " + have);
   }
   return i;
 }
@@ -154,9 +156,7 @@ std::atomic<int> chosenLoops{-1};
 const GroupLoops& groupLoops() {
   int i = chosenLoops.load(std::memory_order_acquire);
   if (i < 0) {
-    const char* env = std::getenv("QCOMM_CPU_ISA");
-    const std::string want = env != nullptr && *env != '\0' ? env : "auto";
-    i = selectCpuIsa(want, "QCOMM_CPU_ISA");
+    i = selectCpuIsa(settings::text("QCOMM_CPU_ISA"), "QCOMM_CPU_ISA");
     int expected = -1;
     if (!chosenLoops.compare_exchange_strong(expected, i)) i = expected;
   }

@@ -1,13 +1,7 @@
-// CpuCodecOps: CodecOps over the CPU loops of codec_cpu.h; and codecOpsFor.
+// CpuCodecOps: CodecOps over the CPU loops of codec_cpu.h.
 #include "codec/codec_ops.h"
 
-#include <c10/util/Exception.h>
-
 #include "codec/codec_cpu.h"
-
-#ifdef QCOMM_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace qcomm {
 
@@ -24,8 +18,7 @@ void CpuCodecOps::decode(const uint8_t* src, int64_t n, const CodecSpec& spec, f
 void CpuCodecOps::decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,
                                   int32_t localDtype, int64_t n, float* partial,
                                   const CodecSpec& out, uint8_t* dst, const Noise& noise) {
-  decodeBlock(src, n, in, partial, false);
-  qcomm::addToFloat(local, localDtype, n, partial);
+  decodeAdd(src, in, local, localDtype, n, partial);
   encodeBlock(partial, kFloat32, n, out, dst, noise);
 }
 
@@ -42,17 +35,5 @@ void CpuCodecOps::castFromFloat(const float* x, int64_t n, int32_t dtype, void* 
 }
 
 void CpuCodecOps::divide(float* x, int64_t n, int world) { divideBy(x, n, float(world)); }
-
-std::unique_ptr<CodecOps> codecOpsFor(const c10::Device& device) {
-  if (device.is_cpu()) return std::make_unique<CpuCodecOps>();
-#ifdef QCOMM_WITH_CUDA
-  if (device.is_cuda()) {
-    return makeCudaCodecOps(c10::cuda::getCurrentCUDAStream(device.index()).stream(),
-                            device.index());
-  }
-#endif
-  TORCH_CHECK_VALUE(false, "[qcomm] no codec for tensors on ", device,
-                    device.is_cuda() ? " (this build of qcomm has no CUDA kernels)" : "");
-}
 
 }  // namespace qcomm

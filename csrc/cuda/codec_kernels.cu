@@ -1,24 +1,18 @@
-// CUDA codec kernels over csrc/codec.h. Encoding: one warp per slab of 1024 elements (a whole
+// CUDA codec kernels over csrc/codec/codec.h. Encoding: one warp per slab of 1024 elements (a whole
 // number of groups), each element loaded once into registers with 16-byte loads, the groups'
 // min/max/absmax reduced across lanes, the codes written with wide stores (tile_codec.cuh).
 // Decoding: one thread per 4 consecutive elements (one code word in, one float4 out). Unaligned
 // pointers and the last, partial slab take the scalar paths (one warp per group, one thread per
-// element; warp_codec.cuh). Grids are sized to the chip and grid-stride, so any numel works.
+// element; warp_codec.cuh). Grids are sized to the chip and grid-stride, so any numel works; the
+// launch choices (grid, encoder blocks per SM) are cuda/tuning.h's.
 #include <algorithm>
-#include <atomic>
 #include <climits>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <initializer_list>
-#include <mutex>
-#include <set>
-#include <string>
 #include <type_traits>
 
 #include "cuda/codec_kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/tile_codec.cuh"
+#include "cuda/tuning.h"
 #include "cuda/warp_codec.cuh"
 
 namespace qcomm {
@@ -45,21 +39,14 @@ __device__ __forceinline__ int64_t warpsInGrid() {
   return int64_t(gridDim.x) * (blockDim.x / kWarp);
 }
 
-// kMinBlocks blocks per SM. 3 (the default): at most 85 registers, where the asymmetric fp32 and
-// bf16 encoders once took 89-105 and so fit only 2 (16 warps of a slab's loads each in flight, not
-// 24); with encodeSlab's reduce-scatter they take 69-80 and spill nothing. 4
-// (QCOMM_CUDA_ENCODE_BLOCKS=4, an experiment until timed on a GPU): at most 64 registers, 32
-// warps, a third more slabs' loads in flight, at the price of spills in most variants (not in fp32
-// symmetric ones).
-//
-// kStaged (QCOMM_CUDA_ENCODE_STAGED=1, an experiment until timed on a GPU): a warp's slabs pass
-// through two stages of shared memory (stagedBytes<T>() per block), each lane copying there with
-// cp.async the very 16-byte vectors it later reads: the next slab is in flight while this one is
-// encoded, so memory is kept busy between a warp's loads without more registers. Without it a
-// warp's loads of one slab and its encode of that slab take turns.
-template <class T, int kBits, bool kSym, int kMinBlocks, bool kStaged>
+// kMinBlocks blocks per SM (which one a launch takes: tuning::encodeBlocks). 3: at most 85
+// registers, where the asymmetric fp32 and bf16 encoders once took 89-105 and so fit only 2 (16
+// warps of a slab's loads each in flight, not 24); with encodeSlab's reduce-scatter they take
+// 69-80 and spill nothing. 4: at most 64 registers, 32 warps, a third more slabs' loads in
+// flight, at the price of spills in most variants (not in fp32 symmetric ones).
+template <class T, int kBits, bool kSym, int kMinBlocks>
 __global__ void __launch_bounds__(kBlock, kMinBlocks)
-    encodeKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise, bool prefetch) {
+    encodeKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise) {
   constexpr int kVec = 16 / int(sizeof(T));  // one 16-byte load per lane and vector
   constexpr int kTile = kWarp * kVec;
   constexpr int kU = kSlab / kTile;
@@ -77,72 +64,20 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks)
     return;
   }
   const int64_t slabs = (n + kSlab - 1) / kSlab;
-  // the last, partial slab: its groups one by one
-  auto partialSlab = [&](int64_t base) {
-    for (int64_t g = base >> t.groupShift; g < t.groups; ++g) {
-      const T* xg = x + g * c.groupSize;
-      encodeGroupWarp<kBits, kSym>(block, n, c, g, noise, [&](int k) { return toFloat(xg[k]); });
-    }
-  };
-  if constexpr (kStaged) {
-    const int64_t whole = n / kSlab;  // slabs that pass through the stages
-    T* const stages = reinterpret_cast<T*>(dynamicShared()) + (threadIdx.x / kWarp) * 2 * kSlab;
-    // one group of copies per slab of this warp, empty past the whole slabs, so that the group
-    // before the newest is always the slab being encoded
-    auto fetch = [&](int64_t s, T* stage) {
-      if (s < whole) {
-#pragma unroll
-        for (int j = 0; j < kU; ++j) {
-          const int64_t e = j * kTile + lane * kVec;
-          copyAsync16(stage + e, x + s * kSlab + e);
-        }
-      }
-      copyAsyncCommit();
-    };
-    int cur = 0;
-    fetch(globalWarp(), stages);
-    for (int64_t s = globalWarp(); s < slabs; s += warpsInGrid()) {
-      // the stage fetched into here was read into registers, and encoded, in the last turn
-      fetch(s + warpsInGrid(), stages + (cur ^ 1) * kSlab);
-      if (s < whole) {
-        copyAsyncWait<1>();
-        const T* stage = stages + cur * kSlab;
-        float v[kU][kVec];
-#pragma unroll
-        for (int j = 0; j < kU; ++j) loadFloats(stage + j * kTile + lane * kVec, v[j]);
-        encodeSlab<kBits, kSym, kVec>(v, s * kSlab, t, noise);
-      } else {
-        partialSlab(s * kSlab);
-      }
-      cur ^= 1;
-    }
-    // nothing is left in flight: the last fetch, of slab s + warpsInGrid() >= slabs, was empty
-    // (the emulator checks that no thread exits with copies it never waited for)
-    return;
-  }
-  constexpr int kSlabLines = kSlab * int(sizeof(T)) / 128;  // 128-byte lines of a slab
   for (int64_t s = globalWarp(); s < slabs; s += warpsInGrid()) {
     const int64_t base = s * kSlab;
-    const int64_t next = base + warpsInGrid() * kSlab;
-    if (prefetch && lane < kSlabLines && next + kSlab <= n) {
-      prefetchL2(reinterpret_cast<const char*>(x + next) + 128 * lane);
-    }
     if (base + kSlab <= n) {
       float v[kU][kVec];
 #pragma unroll
       for (int j = 0; j < kU; ++j) loadFloats(x + base + j * kTile + lane * kVec, v[j]);
       encodeSlab<kBits, kSym, kVec>(v, base, t, noise);
-    } else {
-      partialSlab(base);
+    } else {  // the last, partial slab: its groups one by one
+      for (int64_t g = base >> t.groupShift; g < t.groups; ++g) {
+        const T* xg = x + g * c.groupSize;
+        encodeGroupWarp<kBits, kSym>(block, n, c, g, noise, [&](int k) { return toFloat(xg[k]); });
+      }
     }
   }
-}
-
-// Dynamic shared memory of the staged encoder: two slabs of T for each warp of a block (64 KB for
-// fp32, 32 KB for 16-bit types).
-template <class T>
-constexpr int stagedBytes() {
-  return (kBlock / kWarp) * 2 * kSlab * int(sizeof(T));
 }
 
 template <class T, class R>
@@ -172,12 +107,11 @@ __global__ void divideKernel(float* x, int64_t n, float divisor) {
 
 // Item i is elements 4i..4i+3 (one group: groupSize is a multiple of 4). Each loop step of a
 // block covers kUnroll * kBlock consecutive items, thread t items t, t + kBlock, ..., so every
-// load and store instruction of a warp touches one contiguous range. kUnroll: kDecodeUnroll, or 8
-// with QCOMM_CUDA_DECODE_UNROLL=8 (an experiment until timed on a GPU: twice the code loads in
-// flight per thread, for the 4-bit decoders, whose loads are 2 bytes per item).
-template <int kBits, bool kSym, int kUnroll>
-__global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int64_t n, CodecSpec c,
-                                                       float* out, bool accumulate, bool prefetch) {
+// load and store instruction of a warp touches one contiguous range.
+template <int kBits, bool kSym>
+__global__ void __launch_bounds__(kBlock)
+    decodeKernel(const uint8_t* block, int64_t n, CodecSpec c, float* out, bool accumulate) {
+  constexpr int kUnroll = kDecodeUnroll;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = int64_t(gridDim.x) * blockDim.x;
   const float* meta = reinterpret_cast<const float*>(block);
@@ -187,23 +121,9 @@ __global__ void __launch_bounds__(kBlock) decodeKernel(const uint8_t* block, int
   const bool vec = slabGroupSize(c.groupSize, 4) && aligned(out, 16) && aligned(data, kBits / 2);
   const int64_t items = vec ? n / 4 : 0;
   const int64_t step = int64_t(gridDim.x) * (kBlock * kUnroll);
-  // a step's codes: kStepItems items of 4 codes; its parameters: one line of scales (and one of
-  // mids) when a step's groups fit in one, as they do from groups of 128 up
-  constexpr int kStepItems = kBlock * kUnroll;
-  constexpr int kStepCodeLines = kStepItems * 4 * kBits / 8 / 128;
+  constexpr int kStepItems = kBlock * kUnroll;  // a step's items of 4 codes
   for (int64_t first = int64_t(blockIdx.x) * kStepItems + threadIdx.x; first < items;
        first += step) {
-    const int64_t nextStep = first - threadIdx.x + step;  // the next step's first item
-    if (prefetch && nextStep + kStepItems <= items) {
-      const int t = int(threadIdx.x);
-      if (t < kStepCodeLines) {
-        prefetchL2(data + nextStep * 4 * kBits / 8 + 128 * t);
-      } else if (t == kStepCodeLines) {
-        prefetchL2(meta + ((4 * nextStep) >> shift));
-      } else if (t == kStepCodeLines + 1 && !kSym) {
-        prefetchL2(meta + groups + ((4 * nextStep) >> shift));
-      }
-    }
     // a whole step (every step of the grid but the last ones) needs no bound per item, and its
     // items' groups are g0 + u * (4 kBlock >> shift): 4 kBlock = 1024 elements is a multiple of
     // every group size, so one shift serves the step
@@ -406,39 +326,7 @@ __global__ void __launch_bounds__(kBlock, 2)
   }
 }
 
-// Blocks to launch: what the work needs, at most what the chip holds at once (the kernels are
-// grid-stride), and, when the work takes several turns of the grid, about the same number of turns
-// for every block (balancedGrid): ceil(needed / turns) blocks rather than the whole chip, so no
-// last turn runs with a fraction of the grid (64 MiB of fp32: 16384 slabs over 3168 resident
-// warps were 5.17 turns, so six, the last 17% full; now 2736 warps take six or five). The
-// resident count per SM is computed once per kernel.
 }  // namespace
-
-int launchSetting(const char* name, std::initializer_list<const char*> values) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return -1;
-  int i = 0;
-  for (const char* value : values) {
-    if (std::strcmp(v, value) == 0) return i;
-    ++i;
-  }
-  static std::mutex mu;
-  static std::set<std::string> warned;
-  const std::lock_guard<std::mutex> lock(mu);
-  if (warned.insert(name).second) {
-    std::string allowed;
-    for (const char* value : values) allowed += std::string(allowed.empty() ? "" : ", ") + value;
-    std::fprintf(stderr,
-                 "qcomm: %s='%s' is not understood (it takes %s, or unset for the default); the "
-                 "default runs\n",
-                 name, v, allowed.c_str());
-  }
-  return -1;
-}
-
-bool launchFlag(const char* name, const char* on, const char* off) {
-  return launchSetting(name, {off, on}) == 1;
-}
 
 int balancedGrid(int64_t needed, int64_t cap) {
   if (needed < 1) return 1;
@@ -449,12 +337,17 @@ int balancedGrid(int64_t needed, int64_t cap) {
 
 namespace {
 
-template <auto kKernel, int kShared = 0>
+// Blocks to launch: what the work needs, at most what the chip holds at once (the kernels are
+// grid-stride), and, when the work takes several turns of the grid, about the same number of turns
+// for every block (balancedGrid): ceil(needed / turns) blocks rather than the whole chip, so no
+// last turn runs with a fraction of the grid (64 MiB of fp32: 16384 slabs over 3168 resident
+// warps were 5.17 turns, so six, the last 17% full; now 2736 warps take six or five). The
+// resident count per SM is computed once per kernel.
+template <auto kKernel>
 int gridFor(int64_t blocksNeeded) {
   static const int perSm = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kBlock, kShared) !=
-        cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kBlock, 0) != cudaSuccess) {
       (void)cudaGetLastError();  // only our own query failed; fall back to a guess
       b = 2048 / kBlock;
     }
@@ -479,110 +372,36 @@ int64_t elementBlocks(int64_t n, int perThread) {
   return (n + int64_t(kBlock) * perThread - 1) / (int64_t(kBlock) * perThread);
 }
 
-// The full grid: every block the work needs, each taking one turn of its loop, the hardware
-// starting blocks as others finish, instead of the resident, balanced grid (gridFor). The same
-// bytes either way, as every kernel is grid-stride. Measured on the H200 (codec_timing,
-// 2026-11-30, benchmarks/RESULTS.md): from 48 to 512 MiB of fp32 it made the decoders 1.03-1.11x
-// as fast and the encoders compiled for 4 blocks per SM 1.01-1.11x, at 32 MiB 0.93-0.99x and
-// 0.88-0.94x; for the encoders compiled for 3 blocks it was mixed (0.93-1.05x with fp32 input,
-// 0.86-0.97x with bf16). So by default the decoders and the 4-block encoders take it from
-// kFullGridFrom elements (40 MiB of fp32, between the two sizes measured), every other launch the
-// resident grid. QCOMM_CUDA_FULL_GRID=1 gives every codec launch the full grid, 0 none (read at
-// every launch, so a benchmark can compare them).
-constexpr int64_t kFullGridFrom = int64_t(10) << 20;
-
-// Whether a launch over n elements takes the full grid; `byDefault`: it is one of those measured
-// faster with it (see above).
-bool fullGridFor(int64_t n, bool byDefault) {
-  const int s = launchSetting("QCOMM_CUDA_FULL_GRID", {"0", "1"});
-  if (s >= 0) return s == 1;
-  return byDefault && n >= kFullGridFrom;
-}
-
-// kShared: bytes of dynamic shared memory per block (above 48 KB, after sharedAllowed).
-template <auto kKernel, int kShared = 0, class... Args>
+// full: the full grid, every block the work needs, each taking one turn of its loop, the hardware
+// starting blocks as others finish; else the resident, balanced grid (gridFor). The same bytes
+// either way, as every kernel is grid-stride; which one a launch takes: tuning::fullGrid.
+template <auto kKernel, class... Args>
 void launch(int64_t blocksNeeded, bool full, cudaStream_t s, Args... args) {
   const int grid = full ? int(std::min<int64_t>(std::max<int64_t>(blocksNeeded, 1), INT_MAX))
-                        : gridFor<kKernel, kShared>(blocksNeeded);
-  QCOMM_LAUNCH_SHARED(kKernel, grid, kBlock, kShared, s)(args...);
+                        : gridFor<kKernel>(blocksNeeded);
+  QCOMM_LAUNCH(kKernel, grid, kBlock, s)(args...);
 }
 
-// Whether kKernel may take kShared bytes of dynamic shared memory on the current device: above 48
-// KB a kernel must ask for it, once per device (and prefers the largest shared-memory carveout,
-// so that three 64 KB blocks fit on an SM where the chip has the room). False where the device
-// refuses (then the caller launches another kernel); the answer, either one, is kept per device,
-// so the runtime is asked once (codecPreload asks at set-up, before any peer can be waiting).
-template <auto kKernel, int kShared>
-bool sharedAllowed() {
-  if (kShared <= 48 * 1024) return true;
-  static std::atomic<uint64_t> granted{0}, refused{0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (bit != 0 && (granted.load() & bit) != 0) return true;
-  if (bit != 0 && (refused.load() & bit) != 0) return false;
-  const void* k = reinterpret_cast<const void*>(kKernel);
-  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared) !=
-          cudaSuccess ||
-      cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
-                           int(cudaSharedmemCarveoutMaxShared)) != cudaSuccess) {
-    (void)cudaGetLastError();  // only our own request failed
-    refused.fetch_or(bit);
-    return false;
-  }
-  granted.fetch_or(bit);
-  return true;
-}
+// The tuned choices for the launches other than the decoder and the encoders (tuning.h).
+bool otherFullGrid(int64_t n) { return tuning::fullGrid(tuning::Launch::kOther, n); }
 
-// QCOMM_CUDA_PREFETCH=1: the encoder and decoder prefetch their next slab or step into L2 (an
-// experiment until measured on a GPU; read at every launch, so a benchmark can compare both).
-bool prefetchOn() { return launchFlag("QCOMM_CUDA_PREFETCH", "1"); }
-
-// The encoders compiled for 4 blocks per SM (see encodeKernel) or 3. By default 4 for fp32 input
-// but the 8-bit asymmetric codec: measured on the H200 (codec_timing, 2026-11-30), the fp32 4-bit
-// and 8-bit symmetric encoders with 4 blocks (and the full grid) ran at 0.99-1.07x the speed of
-// the 3-block ones on the resident grid from 48 MiB to 1 GiB (1.04-1.07x at 64 MiB), while the
-// 8-bit asymmetric one, whose 64-register build spills, ran at 0.94-0.96x, and with bf16 input
-// (whose 4-block builds spill in every codec) the encoders at 0.86-1.08x; fp16 and bf16 keep 3.
-// QCOMM_CUDA_ENCODE_BLOCKS=4 or 3 sets it for every encoder (read at every launch; the same bytes).
 template <class T>
-bool fourEncodeBlocks(int bits, bool sym) {
-  const int s = launchSetting("QCOMM_CUDA_ENCODE_BLOCKS", {"3", "4"});
-  if (s >= 0) return s == 1;
-  return std::is_same<T, float>::value && (bits == 4 || sym);
+constexpr int32_t elementDtype() {
+  return std::is_same<T, float>::value ? kFloat32
+                                       : (std::is_same<T, fp16_t>::value ? kFloat16 : kBFloat16);
 }
-
-// QCOMM_CUDA_DECODE_UNROLL=8: the decoder takes 8 items per thread and loop step rather than
-// kDecodeUnroll (see decodeKernel; read at every launch; the same values).
-bool decodeUnroll8() { return launchFlag("QCOMM_CUDA_DECODE_UNROLL", "8", "4"); }
-
-// QCOMM_CUDA_ENCODE_STAGED=1: the encoders stage their slabs in shared memory (see encodeKernel;
-// read at every launch; the same bytes). It takes precedence over QCOMM_CUDA_ENCODE_BLOCKS and
-// QCOMM_CUDA_PREFETCH; where the device refuses the shared memory, the default encoder runs.
-bool stagedEncode() { return launchFlag("QCOMM_CUDA_ENCODE_STAGED", "1"); }
 
 template <class T>
 void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const Noise& noise,
                   cudaStream_t s) {
-  const bool prefetch = prefetchOn();
-  const bool staged = stagedEncode();
-  const bool four = fourEncodeBlocks<T>(c.bits, c.symmetric != 0);
-  const bool full = fullGridFor(n, four);
+  const bool four = tuning::encodeBlocks(elementDtype<T>(), c.bits, c.symmetric != 0) == 4;
+  const bool full = tuning::fullGrid(four ? tuning::Launch::kEncode4 : tuning::Launch::kEncode3, n);
   withCodec(c, [&](auto k) {
     using K = decltype(k);
-    constexpr auto kStagedKernel = encodeKernel<T, K::bits, K::sym, 3, true>;
-    if (staged && sharedAllowed<kStagedKernel, stagedBytes<T>()>()) {
-      launch<kStagedKernel, stagedBytes<T>()>(slabBlocks(n), fullGridFor(n, false), s, x, n, c, dst,
-                                              noise, false);
-    } else if (four) {
-      launch<encodeKernel<T, K::bits, K::sym, 4, false>>(slabBlocks(n), full, s, x, n, c, dst,
-                                                         noise, prefetch);
+    if (four) {
+      launch<encodeKernel<T, K::bits, K::sym, 4>>(slabBlocks(n), full, s, x, n, c, dst, noise);
     } else {
-      launch<encodeKernel<T, K::bits, K::sym, 3, false>>(slabBlocks(n), full, s, x, n, c, dst,
-                                                         noise, prefetch);
+      launch<encodeKernel<T, K::bits, K::sym, 3>>(slabBlocks(n), full, s, x, n, c, dst, noise);
     }
   });
 }
@@ -590,7 +409,7 @@ void launchEncode(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst, const
 template <class T>
 void launchCast(const T* x, int64_t n, int32_t to, void* out, cudaStream_t s) {
   const int64_t blocks = elementBlocks(n, 1);
-  const bool full = fullGridFor(n, false);
+  const bool full = otherFullGrid(n);
   if (to == kFloat32)
     launch<castKernel<T, float>>(blocks, full, s, x, n, static_cast<float*>(out));
   else if (to == kFloat16)
@@ -601,7 +420,7 @@ void launchCast(const T* x, int64_t n, int32_t to, void* out, cudaStream_t s) {
 
 template <class T>
 void launchRawToFloat(const T* x, int64_t n, float* out, bool accumulate, cudaStream_t s) {
-  launch<rawToFloatKernel<T>>(elementBlocks(n, 1), fullGridFor(n, false), s, x, n, out, accumulate);
+  launch<rawToFloatKernel<T>>(elementBlocks(n, 1), otherFullGrid(n), s, x, n, out, accumulate);
 }
 
 template <class T>
@@ -612,7 +431,7 @@ void launchHop(const uint8_t* src, const CodecSpec& in, const T* local, int64_t 
       using I = decltype(ki);
       using O = decltype(ko);
       launch<hopKernel<T, I::bits, I::sym, O::bits, O::sym>>(
-          slabBlocks(n), fullGridFor(n, false), s, src, in, local, n, partial, out, dst, noise);
+          slabBlocks(n), otherFullGrid(n), s, src, in, local, n, partial, out, dst, noise);
     });
   });
 }
@@ -660,21 +479,11 @@ cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out
       launchRawToFloat(reinterpret_cast<const bf16_t*>(src), n, out, accumulate, stream);
     return cudaGetLastError();
   }
-  const bool prefetch = prefetchOn();
-  const bool wide = decodeUnroll8();
-  const bool full = fullGridFor(n, true);
+  const bool full = tuning::fullGrid(tuning::Launch::kDecode, n);
   withCodec(c, [&](auto k) {
     using K = decltype(k);
-    auto run = [&](auto unroll) {
-      constexpr int kU = decltype(unroll)::value;
-      launch<decodeKernel<K::bits, K::sym, kU>>(elementBlocks(n, 4 * kU), full, stream, src, n, c,
-                                                out, accumulate, prefetch);
-    };
-    if (wide) {
-      run(std::integral_constant<int, 8>{});
-    } else {
-      run(std::integral_constant<int, kDecodeUnroll>{});
-    }
+    launch<decodeKernel<K::bits, K::sym>>(elementBlocks(n, 4 * kDecodeUnroll), full, stream, src, n,
+                                          c, out, accumulate);
   });
   return cudaGetLastError();
 }
@@ -700,16 +509,12 @@ cudaError_t codecPreload() {
   };
   eachCodec([&](auto k) {
     using K = decltype(k);
-    load(decodeKernel<K::bits, K::sym, kDecodeUnroll>);
-    load(decodeKernel<K::bits, K::sym, 8>);
+    load(decodeKernel<K::bits, K::sym>);
     load(decodeSumKernel<K::bits, K::sym>);
     eachType([&](auto t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      load(encodeKernel<T, K::bits, K::sym, 3, false>);
-      load(encodeKernel<T, K::bits, K::sym, 4, false>);
-      load(encodeKernel<T, K::bits, K::sym, 3, true>);
-      // the staged encoder's request for shared memory, made here rather than at its first launch
-      (void)sharedAllowed<encodeKernel<T, K::bits, K::sym, 3, true>, stagedBytes<T>()>();
+      load(encodeKernel<T, K::bits, K::sym, 3>);
+      load(encodeKernel<T, K::bits, K::sym, 4>);
       eachCodec([&](auto o) {
         using O = decltype(o);
         load(hopKernel<T, K::bits, K::sym, O::bits, O::sym>);
@@ -730,7 +535,7 @@ cudaError_t codecPreload() {
 
 cudaError_t divide(float* x, int64_t n, float divisor, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  launch<divideKernel>(elementBlocks(n, 1), fullGridFor(n, false), stream, x, n, divisor);
+  launch<divideKernel>(elementBlocks(n, 1), otherFullGrid(n), stream, x, n, divisor);
   return cudaGetLastError();
 }
 
@@ -751,8 +556,8 @@ cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const Co
     for (int k = 0; k < s.count; ++k) s.block[k] = srcs[first + k];
     withCodec(c, [&](auto k) {
       using K = decltype(k);
-      launch<decodeSumKernel<K::bits, K::sym>>(elementBlocks(n, 4), fullGridFor(n, false), stream,
-                                               s, n, c, out, first > 0);
+      launch<decodeSumKernel<K::bits, K::sym>>(elementBlocks(n, 4), otherFullGrid(n), stream, s, n,
+                                               c, out, first > 0);
     });
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;

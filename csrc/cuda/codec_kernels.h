@@ -1,5 +1,5 @@
 // Launch API of the CUDA codec kernels: raw device pointers and a stream, no torch headers, so
-// nvcc stays fast and the kernels can be tested on their own. The math is csrc/codec.h's, the
+// nvcc stays fast and the kernels can be tested on their own. The math is csrc/codec/codec.h's, the
 // same functions the CPU loops call: for the same input the wire bytes and decoded values equal
 // the CPU path's bit for bit (reductions here run in another order, which min, max and the
 // non-finite flag do not notice; codec.h normalises the one order-dependent bit, the sign of 0).
@@ -8,12 +8,15 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <initializer_list>
 
 #include "codec/codec.h"
 
 namespace qcomm {
 namespace gpu {
+
+// Every launch takes cuda/tuning.h's choices of grid and encoder blocks per SM, which read
+// QCOMM_CUDA_FULL_GRID and QCOMM_CUDA_ENCODE_BLOCKS (common/settings.h, once per process): with
+// an invalid value of one, a launch that reads it throws std::invalid_argument instead.
 
 // Encode x[0..n) (elements of `dtype`) into dst (encodedBytes(n, c) bytes); c.bits == 0 stores
 // the elements raw in c.rawDtype.
@@ -56,16 +59,6 @@ int balancedGrid(int64_t needed, int64_t cap);
 // peer's barrier kernel (the separate kernels over CUDA IPC) waits for this rank would wait for
 // that kernel, and it for this rank. Called at the IPC transport's set-up (see ipcPreload).
 cudaError_t codecPreload();
-
-// A launch setting read at every launch or call (QCOMM_CUDA_FULL_GRID, QCOMM_CUDA_ENCODE_BLOCKS,
-// QCOMM_CUDA_PREFETCH, QCOMM_CUDA_ENCODE_STAGED, QCOMM_CUDA_DECODE_UNROLL,
-// QCOMM_IPC_RELEASE_FENCE): the index in `values` of what the variable `name` holds, or -1 when it
-// is unset or empty (the default), or holds anything else (the default too, with one warning per
-// process and setting on stderr that names the values it takes).
-int launchSetting(const char* name, std::initializer_list<const char*> values);
-
-// launchSetting(name, {off, on}) == 1: true when the variable holds `on`.
-bool launchFlag(const char* name, const char* on, const char* off = "0");
 
 }  // namespace gpu
 }  // namespace qcomm

@@ -1,4 +1,4 @@
-// Vectorised building blocks of the CUDA codec, over csrc/codec.h and warp_codec.cuh: a warp
+// Vectorised building blocks of the CUDA codec, over csrc/codec/codec.h and warp_codec.cuh: a warp
 // encodes a slab of kSlab consecutive elements held in registers (each element read once, with
 // 16-byte loads), and a thread decodes 4 consecutive codes into one float4. The per-element math
 // is codec.h's, in the same fp32 operations, so the bytes and values equal the scalar paths'.
@@ -41,24 +41,13 @@ __device__ __forceinline__ void storeParamsAt(float* meta, int64_t groups, int64
   if (!kSym) meta[groups + g] = p.mid;
 }
 
-// Ask L2 for the 128-byte line holding p, without a register or a wait: the grid-stride codec
-// kernels prefetch their next slab or step while they work on this one (QCOMM_CUDA_PREFETCH=1),
-// so that a warp has two slabs' loads in flight, not one. Only whole slabs or steps inside the
-// tensor are prefetched. The emulator fetches nothing; its drivers check the address (simt.h).
-__device__ __forceinline__ void prefetchL2(const void* p) {
-#if defined(QCOMM_SIMT)
-  if (simt::prefetchHook != nullptr) simt::prefetchHook(p);
-#else
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
-
 // A 16-byte copy from global into shared memory that does not pass through registers (cp.async,
 // sm_80 on; L1 bypassed), into the thread's open group; copyAsyncCommit closes the group, and
 // copyAsyncWait<k> returns once all but the newest k of the thread's groups are done, their bytes
 // then visible to the thread itself (not to other threads: a barrier orders those). Both addresses
 // 16-byte aligned. Before sm_80, a plain load and store. The emulator does the copies at the wait
-// (simt.h).
+// (simt.h; its self-test runs these). No codec kernel uses them since the staged encoders, timed
+// slower on an H200 (benchmarks/RESULTS.md), were removed.
 __device__ __forceinline__ void copyAsync16(void* shared, const void* global) {
 #if defined(QCOMM_SIMT)
   simt::copyAsync(shared, global, 16);

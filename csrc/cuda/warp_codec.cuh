@@ -1,5 +1,5 @@
-// Warp-level building blocks of the CUDA codec, over csrc/codec.h: one warp computes a group's
-// parameters and quantizes it. Shared by the codec kernels and the fused CUDA-IPC two_step.
+// Warp-level building blocks of the CUDA codec, over csrc/codec/codec.h: one warp computes a
+// group's parameters and quantizes it. Shared by the codec kernels and the fused CUDA-IPC two_step.
 #pragma once
 
 #include <cuda_runtime.h>

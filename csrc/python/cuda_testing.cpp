@@ -1,5 +1,5 @@
-// Python entry points to the CUDA codec kernels (csrc/cuda/), for the GPU tests and benchmarks.
-// The only file that joins torch's CUDA headers to the kernels' launch API; built only with CUDA.
+// Test hooks (qcomm._C._testing): Python entry points to the CUDA codec kernels (csrc/cuda/), for
+// the GPU tests and benchmarks. Built only with CUDA.
 #ifdef QCOMM_WITH_CUDA
 
 #include <ATen/ATen.h>
@@ -11,13 +11,12 @@
 
 #include <vector>
 
+#include "common/torch_dtype.h"
 #include "cuda/codec_kernels.h"
 
 namespace py = pybind11;
 
 namespace qcomm {
-
-int32_t codecDtype(at::ScalarType t);  // backend.cpp
 
 namespace {
 
@@ -26,7 +25,7 @@ void check(cudaError_t e, const char* what) {
 }
 
 CodecSpec spec(int bits, int groupSize, bool symmetric, at::ScalarType raw) {
-  const int32_t code = codecDtype(raw);
+  const int32_t code = dtypeOf(raw);
   TORCH_CHECK_VALUE(code >= 0, "[qcomm] codec: dtype ", raw, " is not fp32, fp16 or bf16");
   TORCH_CHECK_VALUE(bits == 4 || bits == 8, "[qcomm] invalid rs_bits ", bits);
   TORCH_CHECK_VALUE(groupSize >= 32 && groupSize <= 1024 && (groupSize & (groupSize - 1)) == 0,
@@ -101,7 +100,7 @@ py::tuple cudaHop(const at::Tensor& src, int inBits, int inGroup, bool inSym,
   const int64_t n = local.numel();
   const CodecSpec in = spec(inBits, inGroup, inSym, at::kFloat);
   const CodecSpec out = spec(outBits, outGroup, outSym, at::kFloat);
-  const int32_t localDtype = codecDtype(local.scalar_type());
+  const int32_t localDtype = dtypeOf(local.scalar_type());
   TORCH_CHECK_VALUE(localDtype >= 0, "[qcomm] cuda_codec_hop: `local` is not fp32, fp16 or bf16");
   TORCH_CHECK_VALUE(src.numel() == encodedBytes(n, in), "[qcomm] codec: expected ",
                     encodedBytes(n, in), " bytes");
@@ -158,7 +157,7 @@ at::Tensor cudaDivide(const at::Tensor& x, int world) {
 
 }  // namespace
 
-void registerCudaOps(py::module& m) {
+void registerCudaTesting(py::module& m) {
   m.def("cuda_codec_encode", &cudaEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
         py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
   m.def("cuda_codec_decode", &cudaDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),

@@ -8,25 +8,21 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
 
-#include "algo/algorithms.h"
-#include "algo/collective.h"
-#include "codec/codec_ops.h"
+#include "common/errors.h"
 #include "cuda/codec_kernels.h"
+#include "cuda/ipc_kernels.h"
 #include "transport/ipc_exchange.h"
 
 namespace qcomm {
 namespace {
 
 // The settings whose invalid value makes a rank's mode "invalid" (backend_cuda.cpp).
-constexpr const char* kSettings =
-    "QCOMM_TRANSPORT, QCOMM_IPC_BUFFER_MB, QCOMM_IPC_TILE_ELEMS, QCOMM_IPC_TASK_WARPS or "
-    "QCOMM_IPC_KERNELS";
+constexpr const char* kSettings = "QCOMM_TRANSPORT, QCOMM_IPC_* setting";
 
 // What each rank publishes under qcomm_ipc/info/<rank>.
 struct PeerInfo {
@@ -90,10 +86,11 @@ std::vector<uint8_t> getFrom(c10d::Store& store, const std::string& key, int ran
 }  // namespace
 
 std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank, int world,
-                                                   int device, int64_t bufferBytes,
-                                                   int64_t tileElems, bool separate,
-                                                   const std::string& mode, std::string* whyNot,
-                                                   std::string* mustFail) {
+                                                   int device, const Settings& settings,
+                                                   std::string* whyNot, std::string* mustFail) {
+  const std::string& mode = settings.mode;
+  const int64_t bufferBytes = settings.bufferBytes, tileElems = settings.tileElems;
+  const bool separate = settings.separate;
   c10::cuda::CUDAGuard guard(device);  // every allocation and mapping below is on `device`
   if (world > kIpcMaxRanks) {
     // known on every rank without asking: no store rounds (they cost world^2 reads)
@@ -110,8 +107,7 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   t->world_ = world;
   t->device_ = device;
   t->bufferBytes_ = bufferBytes;
-  t->tileElems_ = tileElems;
-  t->separate_ = separate;
+  t->settings_ = settings;
   std::string local;  // why this rank cannot take part ("" = it can)
 
   PeerInfo mine{};
@@ -123,12 +119,10 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
   mine.process = processToken();
   cudaDeviceGetPCIBusId(mine.busId, sizeof(mine.busId) - 1, device);
   cudaDeviceGetAttribute(&t->smCount_, cudaDevAttrMultiProcessorCount, device);
-  // QCOMM_IPC_BLOCKS caps the blocks of one launch (default: one per SM). Ranks that are threads
-  // of one process on one GPU need the cap: their kernels must all be resident at once.
-  if (const char* v = std::getenv("QCOMM_IPC_BLOCKS")) {
-    const int cap = std::atoi(v);
-    if (cap >= 1 && cap < t->smCount_) t->smCount_ = cap;
-  }
+  // QCOMM_IPC_BLOCKS caps the SMs the kernels size their grids by (default: every SM). Ranks
+  // that are threads of one process on one GPU need the cap: their kernels must all be resident
+  // at once.
+  if (settings.blocks >= 1 && settings.blocks < t->smCount_) t->smCount_ = settings.blocks;
   if (mode == "nccl") local = "its QCOMM_TRANSPORT is nccl";
   if (mode == "invalid") local = std::string("its ") + kSettings + " is invalid";
   if (local.empty()) {
@@ -137,6 +131,7 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
     cudaStream_t zeroing = nullptr;
     cudaError_t e = gpu::ipcPreload();
     if (e == cudaSuccess && separate) e = gpu::codecPreload();
+    if (e == cudaSuccess && settings.preload != nullptr) e = settings.preload();
     if (e == cudaSuccess) e = cudaMalloc(&t->own_, size_t(bufferBytes));
     // zeroed on a stream of its own: a device-wide sync could wait on a peer's kernel (ranks that
     // are threads of one process)
@@ -154,12 +149,11 @@ std::unique_ptr<IpcTransport> IpcTransport::create(c10d::Store& store, int rank,
       e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&t->deviceError_), t->hostError_, 0);
     }
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&t->lastEnd_, cudaEventDisableTiming);
-    const char* profile = std::getenv("QCOMM_IPC_PROFILE");
-    if (e == cudaSuccess && profile != nullptr && std::strcmp(profile, "1") == 0) {
-      e = cudaHostAlloc(reinterpret_cast<void**>(&t->hostProfile_),
-                        sizeof(unsigned long long) * kIpcProfileSlots, cudaHostAllocMapped);
+    if (e == cudaSuccess && settings.profileSlots > 0) {
+      const size_t bytes = sizeof(unsigned long long) * size_t(settings.profileSlots);
+      e = cudaHostAlloc(reinterpret_cast<void**>(&t->hostProfile_), bytes, cudaHostAllocMapped);
       if (e == cudaSuccess) {
-        std::memset(t->hostProfile_, 0, sizeof(unsigned long long) * kIpcProfileSlots);
+        std::memset(t->hostProfile_, 0, bytes);
         e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&t->deviceProfile_), t->hostProfile_,
                                      0);
       }
@@ -347,144 +341,58 @@ void IpcTransport::abortPeers() {
   cudaGetLastError();
 }
 
-namespace {
-
-// The separate kernels' exchange (gpu::ExchangeKernels) for the collective path's two_step.
-class GpuIpcExchange final : public ByteExchange {
- public:
-  GpuIpcExchange(const IpcTwoStepArgs& a, const IpcExchangeGeometry& g, cudaStream_t stream,
-                 int maxBlocks)
-      : copies_{a, stream, maxBlocks}, x_(copies_, g, copies_.a.buffers, a.rank, a.world) {}
-  void allToAll(at::Tensor& out, at::Tensor& in, const char* what, const uint8_t** parts) override {
-    const int64_t slot = in.numel() / copies_.a.world;
-    x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), slot, false, parts);
-    sent_ += x_.peerBytes(slot);
-    check(what);
-  }
-  void allGather(at::Tensor& out, at::Tensor& in, const char* what,
-                 const uint8_t** parts) override {
-    x_.run(out.data_ptr<uint8_t>(), in.data_ptr<uint8_t>(), in.numel(), true, parts);
-    sent_ += x_.peerBytes(in.numel());
-    check(what);
-  }
-  int64_t sent() const { return sent_; }
-
- private:
-  void check(const char* what) {
-    TORCH_CHECK(copies_.error == cudaSuccess, "enqueuing ", what, " failed (",
-                cudaGetErrorString(copies_.error), ")");
-  }
-  gpu::ExchangeKernels copies_;
-  ipc::Exchange<gpu::ExchangeKernels> x_;
-  int64_t sent_ = 0;
-};
-
-}  // namespace
-
-IpcTwoStepArgs IpcTransport::args(const Plan& plan, const IpcGeometry& g, void* data,
-                                  std::chrono::milliseconds timeout) const {
-  IpcTwoStepArgs a =
-      ipcArgs(plan, rank_, g, data, peers_, int64_t(timeout.count()) * 1000000, deviceError_);
-  a.smCount = smCount_;
-  a.taskWarps = taskWarps_;
-  a.profile = deviceProfile_;
-  a.releaseFence = gpu::launchFlag("QCOMM_IPC_RELEASE_FENCE", "1") ? 1 : 0;
-  a.prefetch = gpu::launchFlag("QCOMM_CUDA_PREFETCH", "1") ? 1 : 0;
+IpcPeers IpcTransport::peers(std::chrono::milliseconds timeout) const {
+  IpcPeers p{};
+  for (int r = 0; r < world_ && r < kIpcMaxRanks; ++r) p.buffers[r] = peers_[r];
+  p.world = world_;
+  p.rank = rank_;
+  p.timeoutNs = int64_t(timeout.count()) * 1000000;
   // QCOMM_IPC_SPIN_TIMEOUT_MS lowers the bound of the kernels' spins below the group's timeout
   // (tests and checks that must fail fast rather than wait the default 30 minutes)
-  if (const char* v = std::getenv("QCOMM_IPC_SPIN_TIMEOUT_MS")) {
-    const long long ms = std::atoll(v);
-    if (ms > 0 && ms * 1000000 < a.timeoutNs) a.timeoutNs = ms * 1000000;
-  }
-  return a;
+  const int64_t ms = settings_.spinTimeoutMs;
+  if (ms > 0 && ms * 1000000 < p.timeoutNs) p.timeoutNs = ms * 1000000;
+  p.hostError = deviceError_;
+  return p;
 }
 
-void IpcTransport::failed(const std::string& cause, bool eager) {
-  const std::string msg =
-      "allreduce: " + cause +
-      (eager ? ". This group's CUDA allreduces cannot continue: destroy it and create a new one."
-             : " during CUDA graph capture.");
-  if (eager) {
-    // some launches may have been enqueued and the epoch or barrier count not advanced: this
-    // rank's no longer match its peers'. (A failed capture enqueued nothing: the eager counts
-    // still hold.) Stop every rank's kernels now rather than at their time-out.
-    abortPeers();
-    std::lock_guard<std::mutex> lock(brokenMutex_);
-    broken_ = msg;
-  }
-  TORCH_CHECK(false, rankPrefix(rank_, world_), msg);
-}
-
-int64_t IpcTransport::run(const Plan& plan, at::Tensor& data, cudaStream_t stream,
-                          std::chrono::milliseconds timeout) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  const bool eager = cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
-                     capture == cudaStreamCaptureStatusNone;
-  if (separate_) return runSeparate(plan, data, stream, timeout, eager);
-  std::string why;
-  const IpcGeometry g =
-      ipcGeometry(plan.chunkElems, plan.rs, plan.ag, world_, bufferBytes_, &why, tileElems_);
-  TORCH_CHECK_VALUE(why.empty(), rankPrefix(rank_, world_), "allreduce: ", why);
-  const IpcTwoStepArgs a = args(plan, g, data.data_ptr(), timeout);
-  const cudaError_t e = gpu::ipcTwoStep(a, stream);
-  // eager launches only: teardown waits for the last one (pieces enqueued before a failure too)
-  if (eager) cudaEventRecord(lastEnd_, stream);
-  if (e != cudaSuccess) {
-    failed(std::string("launching the CUDA-IPC two_step failed (") + cudaGetErrorString(e) + ")",
-           eager);
-  }
-  cudaGetLastError();
-  // bytes written into peers' buffers: every other chunk's tiles once (reduce), own tiles to
-  // every peer (gather, whole 16-byte vectors)
-  int64_t wire = 0;
-  for (int c = 0; c < world_; ++c) {
-    const ChunkRange ch = plan.chunk(c);
-    for (int64_t off = 0; off < ch.len; off += g.tileElems) {
-      const int64_t len = std::min(g.tileElems, ch.len - off);
-      wire += c == rank_ ? (world_ - 1) * alignUp16(encodedBytes(len, plan.ag))
-                         : encodedBytes(len, plan.rs);
-    }
-  }
-  return wire;
-}
-
-int64_t IpcTransport::runSeparate(const Plan& plan, at::Tensor& data, cudaStream_t stream,
-                                  std::chrono::milliseconds timeout, bool eager) {
+std::unique_ptr<Transport> IpcTransport::exchanges(cudaStream_t stream,
+                                                   std::chrono::milliseconds timeout) {
   std::string why;
   const IpcExchangeGeometry g = ipcExchangeGeometry(world_, bufferBytes_, &why);
   TORCH_CHECK_VALUE(why.empty(), rankPrefix(rank_, world_), "allreduce: ", why);
-  const IpcTwoStepArgs a = args(plan, IpcGeometry{}, data.data_ptr(), timeout);
   // an error left pending by earlier, unrelated work must not pass for a failure of these launches
   (void)cudaGetLastError();
-  int64_t sent = 0;
-  std::string cause;
-  try {
-    GpuIpcExchange ex(a, g, stream, 2 * smCount_);
-    std::unique_ptr<CodecOps> ops = makeCudaCodecOps(stream, c10::DeviceIndex(device_));
-    runTwoStepOver(plan, ex, rank_, data, *ops);
-    sent = ex.sent();
-  } catch (const c10::Error& e) {
-    cause = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    cause = e.what();
-  }
+  gpu::ExchangeKernels kernels{peers(timeout), stream, 2 * smCount_};
+  return std::make_unique<IpcExchangeTransport<gpu::ExchangeKernels>>(kernels, g, peers_, rank_,
+                                                                      world_);
+}
+
+void IpcTransport::ended(cudaStream_t stream, bool eager, const std::string& cause) {
+  // eager launches only: teardown waits for the last one (pieces enqueued before a failure too)
   if (eager) cudaEventRecord(lastEnd_, stream);
   if (!cause.empty()) {
-    // the collective path's errors already say "[qcomm rank r/W] allreduce: ": said once, below
-    for (const std::string& lead : {rankPrefix(rank_, world_), std::string("allreduce: ")}) {
-      if (cause.rfind(lead, 0) == 0) cause = cause.substr(lead.size());
+    const std::string msg =
+        "allreduce: " + cause +
+        (eager ? ". This group's CUDA allreduces cannot continue: destroy it and create a new one."
+               : " during CUDA graph capture.");
+    if (eager) {
+      // some launches may have been enqueued and the barrier counts not advanced: this rank's no
+      // longer match its peers'. (A failed capture enqueued nothing: the eager counts still
+      // hold.) Stop every rank's kernels now rather than at their time-out.
+      abortPeers();
+      std::lock_guard<std::mutex> lock(brokenMutex_);
+      broken_ = msg;
     }
-    failed("the CUDA-IPC two_step (separate kernels) failed: " + cause, eager);
+    TORCH_CHECK(false, rankPrefix(rank_, world_), msg);
   }
   cudaGetLastError();
-  return sent;
 }
 
 std::vector<int64_t> IpcTransport::profile() const {
   std::vector<int64_t> v;
   if (!hostProfile_) return v;
   const volatile unsigned long long* p = hostProfile_;  // written by the device
-  for (int i = 0; i < kIpcProfileSlots; ++i) v.push_back(int64_t(p[i]));
+  for (int i = 0; i < settings_.profileSlots; ++i) v.push_back(int64_t(p[i]));
   return v;
 }
 

@@ -1,19 +1,19 @@
-// The separate-kernels two_step over CUDA IPC (QCOMM_IPC_KERNELS=separate): the collective path's
-// two_step (collective_algos.h: the codec kernels of the NCCL transport, one chunk per rank) with
-// its all-to-all and all-gather of encoded bytes done as copies through the CUDA-IPC buffers
-// instead of NCCL. This file is the schedule of those copies, written once for two executors: the
-// CUDA one (csrc/cuda_ipc.cpp: a copy kernel per step, W copies each, and a one-thread barrier
-// kernel, all enqueued on the call's stream) and a host one (csrc/ipc_host.cpp: memcpy and the same
-// barrier on host memory, one thread per rank) that the CPU tests run against the reference.
+// The transport of two_step over the CUDA-IPC buffers (QCOMM_IPC_KERNELS=separate): its
+// all-to-all and all-gather of encoded bytes done as copies through the buffers instead of NCCL,
+// with the codec kernels of the NCCL path around them. CopySchedule is the schedule of those
+// copies, written once for two executors: the CUDA one (gpu::ExchangeKernels, csrc/cuda/
+// ipc_kernels.h: a copy kernel per step, W copies each, and a one-thread barrier kernel, all
+// enqueued on the call's stream) and a host one (csrc/python/ipc_emulation.h: memcpy and the same
+// barrier on host memory, one thread per rank) that the CPU tests run against the reference;
+// IpcExchangeTransport runs an algorithm's exchanges through it.
 //
 // A call starts with a barrier, before its first copy (begin(), or the first run()): every rank
 // has finished reading the previous call's parts in its buffer (copies out, or the decodes that
 // read them where they landed), so its peers may write into it. What the caller enqueues before
 // the first exchange (its allocations, the reduce phase's encodes) comes before that barrier, so
 // nothing a rank does on the host while a peer's barrier waits for it is part of the call. Then
-// each exchange moves every rank's slots in rounds
-// of at most roundBytes per slot (ipcExchangeGeometry), round r through half r % 2 of the data
-// regions, counted over the whole call:
+// each exchange moves every rank's slots in rounds of at most roundBytes per slot
+// (ipcExchangeGeometry), round r through half r % 2 of the data regions, counted over the call:
 //   1. copy: this rank's part of its slot for rank j into rank j's current half, at
 //      [this rank * roundBytes] (peers in rotated order rank + 1, rank + 2, ...), and its own part
 //      straight into `out`;
@@ -30,19 +30,25 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "common/errors.h"
 #include "cuda/ipc_layout.h"
+#include "transport/transport.h"
 
 namespace qcomm {
 namespace ipc {
 
 // Each executor `ex` provides copy(dst, src, bytes) (it may hold copies back until the next
-// flush() or barrier), flush(), and barrier(index) (after the copies before it; false: it gave up,
-// the error is recorded).
+// flush() or barrier), flush(), barrier(index) (after the copies before it; false: it gave up,
+// the error is recorded), and failure(): why a launch failed, "" when none did.
 template <class Exec>
-class Exchange {
+class CopySchedule {
  public:
-  Exchange(Exec& ex, const IpcExchangeGeometry& g, uint8_t* const* buffers, int rank, int world)
+  CopySchedule(Exec& ex, const IpcExchangeGeometry& g, uint8_t* const* buffers, int rank, int world)
       : ex_(ex), g_(g), buffers_(buffers), rank_(rank), world_(world) {}
 
   // The call's first barrier (once; the first run() enters it if begin() was not called).
@@ -100,4 +106,68 @@ class Exchange {
 };
 
 }  // namespace ipc
+
+// The Transport of an algorithm's exchanges over CopySchedule: all-to-all and all-gather only
+// (two_step's), stream-ordered, each exchange run once all its data to send is ready. An executor
+// that failed (a launch, or a barrier that gave up) raises, naming the step.
+template <class Exec>
+class IpcExchangeTransport final : public Transport {
+ public:
+  IpcExchangeTransport(Exec ex, const IpcExchangeGeometry& g, uint8_t* const* buffers, int rank,
+                       int world)
+      : Transport(rank, world), ex_(std::move(ex)), schedule_(ex_, g, buffers, rank, world) {}
+
+  const Exec& executor() const { return ex_; }
+
+  bool overlapsCodec() const override { return false; }
+  int post(Exchange x) override {
+    if (x.kind == Exchange::kLegs) {
+      throw std::invalid_argument(rankPrefix(rank(), world()) + "allreduce: " + x.what +
+                                  ": CUDA IPC runs two_step only");
+    }
+    states_.push_back(State{std::move(x)});
+    return int(states_.size()) - 1;
+  }
+  void ready(int id, int) override {
+    State& s = states_.at(size_t(id));
+    if (++s.readies < (s.x.kind == Exchange::kAllToAll ? world() : 1)) return;
+    const bool gather = s.x.kind == Exchange::kAllGather;
+    s.parts.assign(size_t(world()), nullptr);
+    const int64_t slot = gather ? s.x.send.numel() : s.x.send.numel() / world();
+    const bool ok = schedule_.run(static_cast<uint8_t*>(s.x.recv.data_ptr()),
+                                  static_cast<const uint8_t*>(s.x.send.data_ptr()), slot, gather,
+                                  s.parts.data());
+    sent_ += schedule_.peerBytes(slot);
+    check(ok, s.x.what);
+  }
+  const uint8_t* wait(int id, int i) override {
+    const State& s = states_.at(size_t(id));
+    if (s.parts.empty()) {
+      throw std::logic_error(rankPrefix(rank(), world()) + "allreduce: " + s.x.what +
+                             ": waited for before its data to send was ready");
+    }
+    return s.parts[size_t(i)];
+  }
+  void finish() override {}
+  int64_t bytesSent() const override { return sent_; }
+
+ private:
+  struct State {
+    Exchange x;
+    int readies = 0;
+    std::vector<const uint8_t*> parts;  // where each slot lies, once run
+  };
+  void check(bool ok, const std::string& what) {
+    const std::string why = ex_.failure();
+    if (!ok || !why.empty()) {
+      throw std::runtime_error("enqueuing " + what + " failed" +
+                               (why.empty() ? ": a barrier gave up" : " (" + why + ")"));
+    }
+  }
+  Exec ex_;
+  ipc::CopySchedule<Exec> schedule_;
+  std::vector<State> states_;
+  int64_t sent_ = 0;
+};
+
 }  // namespace qcomm

@@ -1,4 +1,4 @@
-"""The collective path (csrc/collective_algos.*): two_step, ring and semi_ring over the inner
+"""The collective path (csrc/algo/ (the schedules)): two_step, ring and semi_ring over the inner
 backend's own collectives (one all-to-all and one all-gather, or one send/receive batch per ring
 hop). On GPUs it moves CUDA bytes through NCCL; NCCL refuses two ranks on one GPU, so this file's
 CPU ranks, where the same orchestration moves CPU bytes through Gloo, are its multi-rank test.
@@ -71,7 +71,7 @@ def _one(rank, world, i, case):
     qcomm.set_config(cfg)
     xs = _inputs(world, numel, dtype, i)
     seq = qcomm.stats()["next_call_seq"]
-    y = _C.collective_allreduce_for_test(qcomm.backend_of(), xs[rank].clone(), avg)
+    y = _C._testing.collective_allreduce_for_test(qcomm.backend_of(), xs[rank].clone(), avg)
     problems = []
     if qcomm.stats()["next_call_seq"] != seq:
         problems.append(f"{name}: the hook advanced the call sequence number")
@@ -124,7 +124,7 @@ def _world1_worker(rank, world):
                     algorithm=algo, rs_bits=rs, ag_bits=ag, min_bytes=0, stochastic_rounding=sr
                 )
             )
-            y = _C.collective_allreduce_for_test(
+            y = _C._testing.collective_allreduce_for_test(
                 be, x.clone(), avg, force_world1=True, call_seq=seq
             )
             model_algo = "ring" if algo == "semi_ring" else algo  # semi_ring: no chain at W=1
@@ -135,7 +135,7 @@ def _world1_worker(rank, world):
                 problems.append(f"W=1 {algo} {rs}/{ag} {dtype} avg={avg} sr={sr}: != reference")
     # without force_world1 a group of one passes through: the hook says so
     try:
-        _C.collective_allreduce_for_test(be, torch.ones(8), False)
+        _C._testing.collective_allreduce_for_test(be, torch.ones(8), False)
         problems.append("a world-1 plan without force_world1 ran")
     except ValueError as e:
         if "world size 1" not in str(e):
@@ -148,13 +148,13 @@ def _refusals_worker(rank, world):
     problems = []
     qcomm.set_config(qcomm.QuantConfig(min_bytes=0, rotate=True))
     try:
-        _C.collective_allreduce_for_test(qcomm.backend_of(), torch.ones(300), False)
+        _C._testing.collective_allreduce_for_test(qcomm.backend_of(), torch.ones(300), False)
         problems.append("rotate=True ran")
     except ValueError as e:
         if "rotate" not in str(e) or f"[qcomm rank {rank}/{world}]" not in str(e):
             problems.append(f"unclear refusal: {e}")
     qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
-    y = _C.collective_allreduce_for_test(qcomm.backend_of(), torch.ones(300), False)
+    y = _C._testing.collective_allreduce_for_test(qcomm.backend_of(), torch.ones(300), False)
     if not torch.equal(y, torch.full((300,), float(world))):
         problems.append("the group is not usable after a refusal")
     return problems
@@ -182,7 +182,7 @@ def _hop_case(i, in_bits, out_bits, dtype, sym, stochastic, n=1000):
 
 def _hop(src, local, cin, cout, noise):
     salt, base = noise if noise is not None else (None, 0)
-    return _C.codec_ops_hop(
+    return _C._testing.codec_ops_hop(
         src, cin.bits, local, cout.bits, cin.group_size, cin.symmetric, salt, base
     )
 
@@ -199,7 +199,7 @@ def test_cpu_codec_ops_hop_matches_reference():
         n = local.numel()
         if ib:
             # the CPU codec's decode, checked against the model in test_codec.py
-            decoded = _C.codec_decode(src, n, ib, cin.group_size, sym, dtype)
+            decoded = _C._testing.codec_decode(src, n, ib, cin.group_size, sym, dtype)
         else:
             decoded = src.view(dtype).float()
         want = decoded + local.float()
@@ -236,11 +236,11 @@ def _cuda_worker(rank, world):
                     algorithm=algo, rs_bits=rs, ag_bits=ag, min_bytes=0, stochastic_rounding=sr
                 )
             )
-            want = _C.collective_allreduce_for_test(be, x.clone(), avg, force_world1=True)
+            want = _C._testing.collective_allreduce_for_test(be, x.clone(), avg, force_world1=True)
             stream = side if i % 2 else torch.cuda.current_stream()
             with torch.cuda.stream(stream):
                 xc = x.cuda()
-                got = _C.collective_allreduce_for_test(be, xc, avg, force_world1=True)
+                got = _C._testing.collective_allreduce_for_test(be, xc, avg, force_world1=True)
             stream.synchronize()
             if got.data_ptr() != xc.data_ptr() or not _same(got.cpu(), want):
                 problems.append(f"CUDA {algo} {rs}/{ag} {dtype} n={numel} avg={avg} sr={sr}")

@@ -1,6 +1,7 @@
-"""The wire bytes and results of a fixed set of quantized allreduces (tests/wire_cases.py) are the
-ones recorded in tests/data/wire_fixture.json: a refactoring changes neither. A change that means
-to change the wire rewrites the fixture (python tests/wire_cases.py --record) and says why."""
+"""The wire bytes and results of a fixed set of quantized allreduces (tests/algo/wire_cases.py)
+are the ones recorded in tests/algo/data/wire_fixture.json: a refactoring changes neither. A
+change that means to change the wire rewrites the fixture (python tests/algo/wire_cases.py
+--record) and says why."""
 
 import json
 

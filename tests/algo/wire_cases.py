@@ -1,5 +1,5 @@
 """A fixed set of quantized allreduces whose wire bytes and results are recorded in
-tests/data/wire_fixture.json, so that a refactoring can show it changed neither.
+tests/algo/data/wire_fixture.json, so that a refactoring can show it changed neither.
 
 Ranks are threads of this process over real Gloo backends, each wrapped in a recording backend
 (qcomm._C._testing.RecordingBackend) that logs every send (peer, tag, length, a digest of the
@@ -8,25 +8,27 @@ collectives. For each case and rank the fixture holds a digest of the output's b
 of the sorted wire log. Two paths run: the backend's allreduce (what dist.all_reduce does on CPU
 tensors), and the collective schedule that CUDA tensors take (NCCL's shape, here over Gloo).
 
-    python tests/wire_cases.py --record   # rewrite the fixture (only when a change is meant to
-                                          # change the wire; say so in the commit)
+    python tests/algo/wire_cases.py --record   # rewrite the fixture: only when a change is
+                                               # meant to change the wire (say so in the commit)
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import itertools
 import json
 import os
-import threading
+import sys
 
 import torch
 import torch.distributed as dist
 
 import qcomm
 from qcomm import _C
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import inproc  # noqa: E402 (tests/inproc.py)
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "wire_fixture.json")
 
@@ -92,49 +94,13 @@ def _sha(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest()[:16]
 
 
-class _Ranks:
-    def __init__(self, world):
-        store = dist.HashStore()
-        timeout = datetime.timedelta(seconds=120)
-        self.world = world
-        self.rec = [None] * world
-        self.be = [None] * world
-        cfg = qcomm.QuantConfig(min_bytes=0).as_tuple()
-        recording = _testing("RecordingBackend")
-
-        def make(r):
-            gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), r, world, timeout)
-            self.rec[r] = recording(gloo)
-            self.be[r] = _C.QncclBackend(r, world, timeout, self.rec[r], None, cfg)
-
-        self.on_all(make)
-
-    def on_all(self, fn):
-        errors = [None] * self.world
-
-        def run(r):
-            try:
-                fn(r)
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errors[r] = e
-
-        threads = [threading.Thread(target=run, args=(r,)) for r in range(self.world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for r, e in enumerate(errors):
-            if e is not None:
-                raise RuntimeError(f"rank {r}: {e}") from e
-
-
 def _call(g, r, outs, path, avg):
     if path == "allreduce":
         o = dist.AllreduceOptions()
         o.reduceOp = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
-        g.be[r].allreduce([outs[r]], o).wait()
+        g.backends[r].allreduce([outs[r]], o).wait()
     else:
-        outs[r] = _testing("collective_allreduce_for_test")(g.be[r], outs[r], avg)
+        outs[r] = _testing("collective_allreduce_for_test")(g.backends[r], outs[r], avg)
 
 
 def run_cases():
@@ -143,20 +109,20 @@ def run_cases():
     groups = {}
     for seed, (name, world, path, cfg, dtype, numel, avg) in enumerate(cases()):
         if world not in groups:
-            groups[world] = _Ranks(world)
+            groups[world] = inproc.InProcGroup(world, 120.0, _testing("RecordingBackend"))
         g = groups[world]
         xs = _inputs(world, numel, dtype, seed)
         outs = [x.clone() for x in xs]
         config = qcomm.QuantConfig(**cfg).as_tuple()
-        for b in g.be:
+        for b in g.backends:
             b.set_config(config)
-        for rec in g.rec:
+        for rec in g.inner:
             rec.clear()
 
         g.on_all(lambda r, g=g, outs=outs, path=path, avg=avg: _call(g, r, outs, path, avg))
         per_rank = []
         for r in range(world):
-            log = [tuple(e) for e in g.rec[r].log()]
+            log = [tuple(e) for e in g.inner[r].log()]
             if path == "collective":
                 # what NCCL would carry: its units are padded to one size with bytes never
                 # written, and NCCL has no tags, so kinds, peers and sizes only

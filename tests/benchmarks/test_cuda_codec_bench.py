@@ -1,9 +1,10 @@
 """benchmarks/cuda_codec_bench.py's own logic, on the CPU: the GPU call that runs it is scarce, so
 its tables are checked here with the kernels and the timer replaced by fakes. The fake timer
-reads the launch settings as the kernels do (at every launch): each variant must be timed with
-exactly its settings, the default with none, and the caller's environment must be restored. Its
-first timing of anything (a decoder's second) is 1.5x slow, so only the faster of two turns reads
-the true time: the copy must be timed as the kernels are."""
+reads the launch settings as the kernels do, from the extension's process settings, which read
+the environment only at _C._testing.reload_settings() (FakeSettings): each variant must be timed
+with exactly its settings, reloaded, the default with none, and the caller's environment and
+settings must be restored. Its first timing of anything (a decoder's second) is 1.5x slow, so only
+the faster of two turns reads the true time: the copy must be timed as the kernels are."""
 
 import csv
 import os
@@ -13,7 +14,7 @@ import types
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import cuda_codec_bench as bench  # noqa: E402
@@ -21,43 +22,57 @@ import cuda_codec_bench as bench  # noqa: E402
 N = 2**20 // 4  # the elements of 1 MiB of fp32
 
 
+LAUNCH_SETTINGS = ("QCOMM_CUDA_FULL_GRID", "QCOMM_CUDA_ENCODE_BLOCKS")
+
+
+class FakeSettings:
+    """The extension's process settings: the environment as it was at the last reload (as
+    csrc/common/settings.h keeps them), and the number of reloads."""
+
+    def __init__(self):
+        self.reloads = 0
+        self.values = {k: os.environ.get(k) for k in LAUNCH_SETTINGS}
+
+    def reload_settings(self):
+        self.reloads += 1
+        self.values = {k: os.environ.get(k) for k in LAUNCH_SETTINGS}
+
+    def get(self, k):
+        return self.values[k]
+
+
 class FakeTimer:
-    """10 us, x0.9 with the prefetch, x0.8 with 4 encode blocks, x0.7 staged (only where the
-    variant applies: the fake encoder notes that it ran), x0.95 with the full grid, x0.85 with the
-    decoder's 8 items per thread; x1.5 the first time a function is timed
-    with given settings (a decoder: the second time). `hook(timer)` runs before every timing (it may raise, as a refused launch
-    would)."""
+    """10 us, x0.8 with 4 encode blocks (only where the variant applies: the fake encoder notes
+    that it ran), x0.95 with the full grid, x1.1 on the resident grid (QCOMM_CUDA_FULL_GRID=0),
+    as the settings read at the last reload say; x1.5 the first time a function is timed with
+    given settings (a decoder: the second time). `hook(timer)` runs before every timing (it may
+    raise, as a refused launch would)."""
 
     def __init__(self, hook=None):
         self.kernel, self.numel, self.hook, self.count = None, None, hook, {}
+        self.settings = None  # FakeSettings, from run_bench
 
     def __call__(self, fn, iters=20):
         fn()
         if self.hook:
             self.hook(self)
         t = 10e-6
-        env = os.environ
-        if env.get("QCOMM_CUDA_PREFETCH") == "1":
-            t *= 0.9
-        if env.get("QCOMM_CUDA_ENCODE_BLOCKS") == "4":
+        get = self.settings.get
+        if get("QCOMM_CUDA_ENCODE_BLOCKS") == "4":
             assert self.kernel == "encode", "4 encode blocks timed on a decoder"
             t *= 0.8
-        if env.get("QCOMM_CUDA_ENCODE_STAGED") == "1":
-            assert self.kernel == "encode", "the staged encoder timed on a decoder"
-            t *= 0.7
-        if env.get("QCOMM_CUDA_FULL_GRID") == "1":
+        if get("QCOMM_CUDA_FULL_GRID") == "1":
             t *= 0.95
-        if env.get("QCOMM_CUDA_DECODE_UNROLL") == "8":
-            assert self.kernel == "decode", "the decoder's unroll timed on an encoder"
-            t *= 0.85
-        key = (fn, tuple(env.get(k) for k in bench.SETTINGS))
+        if get("QCOMM_CUDA_FULL_GRID") == "0":
+            t *= 1.1
+        key = (fn, tuple(get(k) for k in bench.SETTINGS))
         self.count[key] = self.count.get(key, 0) + 1
         if self.count[key] == (2 if self.kernel == "decode" else 1):
             t *= 1.5
         return t
 
     def variant(self):
-        return any(os.environ.get(k) == v for _, e, _ in bench.VARIANTS for k, v in e.items())
+        return any(self.settings.get(k) == v for _, e, _ in bench.VARIANTS for k, v in e.items())
 
 
 def run_bench(monkeypatch, tmp_path, timer, sizes="1"):
@@ -86,9 +101,12 @@ def run_bench(monkeypatch, tmp_path, timer, sizes="1"):
     )
     monkeypatch.setattr(bench, "torch", fake_torch)
     monkeypatch.setattr(bench, "qcomm", types.SimpleNamespace(compiled_with_cuda=lambda: True))
-    monkeypatch.setattr(
-        bench, "_C", types.SimpleNamespace(cuda_codec_encode=encode, cuda_codec_decode=decode)
-    )
+    timer.settings = FakeSettings()
+    # the codec hooks and reload_settings live in qcomm._C._testing
+    timer.settings.cuda_codec_encode = encode
+    timer.settings.cuda_codec_decode = decode
+    fake_c = types.SimpleNamespace(_testing=timer.settings)
+    monkeypatch.setattr(bench, "_C", fake_c)
     monkeypatch.setattr(bench, "timed", timer)
     main_csv, var_csv = tmp_path / "k.csv", tmp_path / "v.csv"
     argv = ["bench", "--sizes-mib", sizes, "--csv", str(main_csv), "--variants-csv", str(var_csv)]
@@ -115,18 +133,18 @@ def test_default_table_first_then_the_variants(tmp_path, monkeypatch, capsys):
             before_variants["stdout"] = capsys.readouterr().out
             print(before_variants["stdout"], end="")
 
-    monkeypatch.setenv("QCOMM_CUDA_PREFETCH", "0")  # the caller's own setting
-    monkeypatch.delenv("QCOMM_CUDA_ENCODE_BLOCKS", raising=False)
-    monkeypatch.setenv("QCOMM_CUDA_ENCODE_STAGED", "1")  # never leaks into another variant
+    # the caller's own setting: it never leaks into the default or another variant (the
+    # settings as first read hold it, so a timing without a reload would read it too)
+    monkeypatch.setenv("QCOMM_CUDA_ENCODE_BLOCKS", "4")
     monkeypatch.delenv("QCOMM_CUDA_FULL_GRID", raising=False)
-    monkeypatch.setenv("QCOMM_CUDA_DECODE_UNROLL", "4")  # the caller's own setting
-    status, main_csv, var_csv = run_bench(monkeypatch, tmp_path, FakeTimer(hook))
+    timer = FakeTimer(hook)
+    status, main_csv, var_csv = run_bench(monkeypatch, tmp_path, timer)
     assert status == 0
-    assert os.environ["QCOMM_CUDA_PREFETCH"] == "0"
-    assert "QCOMM_CUDA_ENCODE_BLOCKS" not in os.environ
-    assert os.environ["QCOMM_CUDA_ENCODE_STAGED"] == "1"
+    assert os.environ["QCOMM_CUDA_ENCODE_BLOCKS"] == "4"
     assert "QCOMM_CUDA_FULL_GRID" not in os.environ
-    assert os.environ["QCOMM_CUDA_DECODE_UNROLL"] == "4"
+    # and the extension's settings read back from the caller's environment at the end
+    assert timer.settings.values == {"QCOMM_CUDA_ENCODE_BLOCKS": "4", "QCOMM_CUDA_FULL_GRID": None}
+    assert timer.settings.reloads > 0
 
     main_rows = rows(main_csv)
     assert [r["kernel"] for r in main_rows] == ["copy"] + ["encode", "decode"] * 4
@@ -137,56 +155,59 @@ def test_default_table_first_then_the_variants(tmp_path, monkeypatch, capsys):
     # the default table was complete, written and printed, before any variant was timed
     assert before_variants["csv"] == main_rows
     assert "| 1 | decode | 4 | sym | 10.0 |" in before_variants["stdout"]
-    assert "(staged)" not in before_variants["stdout"]  # no variant row yet
+    assert "(4 blocks" not in before_variants["stdout"]  # no variant row yet
 
     var_rows = rows(var_csv)
     assert len(var_rows) == 8
     for r in var_rows:
         assert r["time_us"] == "10.0"
-        assert r["speed-up prefetch"] == "1.11"
         assert r["speed-up full grid"] == "1.05"
+        assert (r["time_us resident, 3 blocks"], r["speed-up resident, 3 blocks"]) == (
+            "11.0",
+            "0.91",
+        )
         if r["kernel"] == "encode":
-            assert (r["speed-up 4 blocks"], r["speed-up both"]) == ("1.25", "1.39")
-            assert r["speed-up staged"] == "1.43"
+            assert r["speed-up 4 blocks"] == "1.25"
             assert r["speed-up 4 blocks, full grid"] == "1.32"
-            assert r["time_us unroll 8"] == "-"
-            assert r["best x copy"].endswith("(staged)")
+            assert r["best x copy"].endswith("(4 blocks, full grid)")
         else:
-            assert (r["time_us 4 blocks"], r["time_us both"], r["time_us staged"]) == ("-",) * 3
-            assert r["time_us 4 blocks, full grid"] == "-"
-            assert r["speed-up unroll 8"] == "1.18"
-            assert r["best x copy"].endswith("(unroll 8)")
+            assert (r["time_us 4 blocks"], r["time_us 4 blocks, full grid"]) == ("-", "-")
+            assert r["best x copy"].endswith("(full grid)")
 
 
 def test_a_variant_that_raises_reads_error_and_the_rest_go_on(tmp_path, monkeypatch, capsys):
     written_by_then = []
 
     def hook(timer):
-        staged = os.environ.get("QCOMM_CUDA_ENCODE_STAGED") == "1"
-        if staged and timer.numel == 2 * N and not written_by_then:
+        get = timer.settings.get
+        both = get("QCOMM_CUDA_ENCODE_BLOCKS") == "4" and get("QCOMM_CUDA_FULL_GRID") == "1"
+        if both and timer.numel == 2 * N and not written_by_then:
             written_by_then.append(len(rows(tmp_path / "v.csv")))
-        if staged and timer.numel == N:  # refused at 1 MiB, not at 2
+        if both and timer.numel == N:  # refused at 1 MiB, not at 2
             raise RuntimeError("too many resources requested for launch")
 
-    monkeypatch.delenv("QCOMM_CUDA_ENCODE_STAGED", raising=False)
+    for k in LAUNCH_SETTINGS:
+        monkeypatch.delenv(k, raising=False)
     status, main_csv, var_csv = run_bench(monkeypatch, tmp_path, FakeTimer(hook), sizes="1,2")
     assert status == 1  # the failure is reported in the exit status
-    assert "1 MiB encode 8 asym staged: RuntimeError: too many resources" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "1 MiB encode 8 asym 4 blocks, full grid: RuntimeError: too many resources" in err
     assert len(rows(main_csv)) == 18
     var_rows = rows(var_csv)
     assert len(var_rows) == 16
     assert written_by_then == [8]  # each row flushed as it is done
     for r in var_rows:
-        assert r["time_us"] == "10.0" and r["speed-up prefetch"] == "1.11", r
+        assert r["time_us"] == "10.0" and r["speed-up full grid"] == "1.05", r
         if r["kernel"] != "encode":
             continue
-        assert r["speed-up both"] == "1.39", r
+        assert r["speed-up 4 blocks"] == "1.25", r
+        cells = (r["time_us 4 blocks, full grid"], r["speed-up 4 blocks, full grid"])
         if r["MiB"] == "1":
-            assert (r["time_us staged"], r["speed-up staged"]) == ("error", "error"), r
-            assert r["best x copy"].endswith("(both)"), r
+            assert cells == ("error", "error"), r
+            assert r["best x copy"].endswith("(4 blocks)"), r
         else:
-            assert (r["time_us staged"], r["speed-up staged"]) == ("7.0", "1.43"), r
-            assert r["best x copy"].endswith("(staged)"), r
+            assert cells == ("7.6", "1.32"), r
+            assert r["best x copy"].endswith("(4 blocks, full grid)"), r
 
 
 def test_timed_starts_its_region_behind_a_sleep(monkeypatch):

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import ncu_codec  # noqa: E402
@@ -37,7 +37,8 @@ UNITS = ["", "", "", "", "Mbyte", "byte", "%", "usecond", "", "register/thread",
 KERNELS = [
     # name, read, write, dram %, duration, grid, regs, theoretical, achieved, 4 stalls
     (
-        "void qcomm::gpu::(anonymous namespace)::encodeKernel<float, 8, false, 3>(const T1 *, long)",
+        "void qcomm::gpu::(anonymous namespace)::encodeKernel<float, 8, false, 3>"
+        "(const T1 *, long)",
         "67.11",
         "17,301,504",
         "61.5",

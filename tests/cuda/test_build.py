@@ -21,7 +21,7 @@ def test_cuda_sources_compiled_when_nvcc_is_present():
     if os.environ.get("QCOMM_CUDA") == "0":
         pytest.skip("QCOMM_CUDA=0 asked for a CPU-only build")
     assert qcomm.compiled_with_cuda()
-    assert hasattr(qcomm._C, "cuda_codec_encode")
+    assert hasattr(qcomm._C._testing, "cuda_codec_encode")
     wanted = {int(a) for a in os.environ.get("QCOMM_CUDA_ARCHS", "80;90").split(";") if a}
     assert wanted <= set(qcomm._C.cuda_archs()), qcomm._C.cuda_archs()
 
@@ -53,7 +53,7 @@ def test_sass_counts_reads_the_slab_encoder_probe():
     """benchmarks/sass_counts.py (static SASS counts, cited in RESULTS) still compiles its probe of
     encodeSlab and parses the disassembly: one row per bit width and symmetry, each with the
     shuffles of the reduction and the stores of the codes."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run(
         [sys.executable, os.path.join(root, "benchmarks", "sass_counts.py")],
         check=True,
@@ -73,7 +73,7 @@ def test_codec_timing_compiles():
     """benchmarks/cuda/codec_timing.cu (the codec kernels timed without torch, built here and
     carried to a GPU machine) still compiles against the kernels' launch API, with the flags of
     scripts/codec_timing.sh (--check: the harness alone; linking the kernels takes ~50 s more)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     # nvcc not under another sanitizer's preloaded runtime (scripts/sanitize.sh sets LD_PRELOAD;
     # nvcc crashes under it)
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}

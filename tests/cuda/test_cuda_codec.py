@@ -13,7 +13,10 @@ from qcomm import _C
 from qcomm import reference as ref
 
 sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    0,
+    os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"
+    ),
 )
 import ncu_codec  # noqa: E402  (the kernels' template arguments from their demangled names)
 
@@ -46,11 +49,11 @@ def _inputs():
 def test_cuda_matches_cpu(bits, sym, group, dtype):
     for name, x in _inputs():
         x = x.to(dtype)
-        cpu = _C.codec_encode(x, bits, group, sym)
-        gpu = _C.cuda_codec_encode(x.cuda(), bits, group, sym).cpu()
+        cpu = _C._testing.codec_encode(x, bits, group, sym)
+        gpu = _C._testing.cuda_codec_encode(x.cuda(), bits, group, sym).cpu()
         assert torch.equal(cpu, gpu), f"{name}: wire bytes differ"
-        y_cpu = _C.codec_decode(cpu, x.numel(), bits, group, sym)
-        y_gpu = _C.cuda_codec_decode(gpu.cuda(), x.numel(), bits, group, sym).cpu()
+        y_cpu = _C._testing.codec_decode(cpu, x.numel(), bits, group, sym)
+        y_gpu = _C._testing.cuda_codec_decode(gpu.cuda(), x.numel(), bits, group, sym).cpu()
         same = torch.equal(torch.isnan(y_cpu), torch.isnan(y_gpu))
         same = same and torch.equal(y_cpu[~torch.isnan(y_cpu)], y_gpu[~torch.isnan(y_gpu)])
         assert same, f"{name}: decoded values differ"
@@ -60,8 +63,8 @@ def test_cuda_matches_cpu(bits, sym, group, dtype):
 def test_cuda_stochastic_matches_cpu(bits, sym):
     x = torch.randn(50000, generator=torch.Generator().manual_seed(1))
     salt = ref.noise_salt(9, 1, 0)
-    cpu = _C.codec_encode(x, bits, 128, sym, noise_salt=salt, noise_base=4096)
-    gpu = _C.cuda_codec_encode(x.cuda(), bits, 128, sym, noise_salt=salt, noise_base=4096)
+    cpu = _C._testing.codec_encode(x, bits, 128, sym, noise_salt=salt, noise_base=4096)
+    gpu = _C._testing.cuda_codec_encode(x.cuda(), bits, 128, sym, noise_salt=salt, noise_base=4096)
     assert torch.equal(cpu, gpu.cpu())
 
 
@@ -104,121 +107,145 @@ def test_cuda_vector_and_scalar_paths_match_cpu(group, dtype):
         for n, offset in [(4096, 0), (3000 + group // 2 + 3, 0), (2205, 1), (37, 0)]:
             base = _special(n + offset, seed=n + group).to(dtype)
             x = base[offset:]
-            cpu = _C.codec_encode(x, bits, group, sym)
-            gpu = _C.cuda_codec_encode(base.cuda()[offset:], bits, group, sym)
+            cpu = _C._testing.codec_encode(x, bits, group, sym)
+            gpu = _C._testing.cuda_codec_encode(base.cuda()[offset:], bits, group, sym)
             case = f"bits={bits} sym={sym} n={n} offset={offset}"
             assert torch.equal(cpu, gpu.cpu()), f"{case}: wire bytes differ"
             init = (torch.arange(n + 1) % 13 - 6).float()
             for acc in (False, True):
                 store = init.cuda()
                 out = store[offset : offset + n]
-                _C.cuda_codec_decode(gpu, n, bits, group, sym, out=out, accumulate=acc)
-                want = _C.codec_decode(cpu, n, bits, group, sym)
+                _C._testing.cuda_codec_decode(gpu, n, bits, group, sym, out=out, accumulate=acc)
+                want = _C._testing.codec_decode(cpu, n, bits, group, sym)
                 if acc:
                     want = init[offset : offset + n] + want
                 assert same_floats(want, out.cpu()), f"{case} accumulate={acc}: values differ"
 
 
+LAUNCH_SETTINGS = ("QCOMM_CUDA_FULL_GRID", "QCOMM_CUDA_ENCODE_BLOCKS")
+
+
+def _launch_settings(monkeypatch, settings):
+    """Exactly `settings` of the codec launch settings in the environment, then the process's
+    settings reloaded: they are read once per process and kept (csrc/common/settings.h)."""
+    for k in LAUNCH_SETTINGS:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in settings.items():
+        monkeypatch.setenv(k, v)
+    _C._testing.reload_settings()
+
+
+@pytest.fixture
+def launch_settings(monkeypatch):
+    """launch_settings(settings) sets them (above); afterwards the caller's environment and the
+    settings it gives are back."""
+    yield lambda settings: _launch_settings(monkeypatch, settings)
+    monkeypatch.undo()  # the caller's environment back, before the reload below reads it
+    _C._testing.reload_settings()
+
+
 @pytest.mark.parametrize(
     "settings",
     [
-        {"QCOMM_CUDA_PREFETCH": "1"},
         {"QCOMM_CUDA_ENCODE_BLOCKS": "4"},
-        {"QCOMM_CUDA_ENCODE_STAGED": "1"},
+        {"QCOMM_CUDA_ENCODE_BLOCKS": "3"},
         {"QCOMM_CUDA_FULL_GRID": "1"},
-        {"QCOMM_CUDA_DECODE_UNROLL": "8"},
+        {"QCOMM_CUDA_FULL_GRID": "1", "QCOMM_CUDA_ENCODE_BLOCKS": "4"},
         {},
+        {"QCOMM_CUDA_FULL_GRID": "auto", "QCOMM_CUDA_ENCODE_BLOCKS": "auto"},
         {"QCOMM_CUDA_FULL_GRID": "0", "QCOMM_CUDA_ENCODE_BLOCKS": "3"},
     ],
     ids=[
-        "prefetch",
         "encode_blocks_4",
-        "encode_staged",
+        "encode_blocks_3",
         "full_grid",
-        "decode_unroll_8",
+        "full_grid_4_blocks",
         "default",
+        "auto",
         "resident_3_blocks",
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, monkeypatch):
-    # the launch variants read at every launch: QCOMM_CUDA_PREFETCH=1, on a message large enough
-    # that every warp of the encoder and every block of the decoder takes several turns, so the
-    # next slab or step is prefetched, QCOMM_CUDA_ENCODE_BLOCKS=4 (the encoders compiled for 4
-    # blocks per SM, spilling in most variants) and QCOMM_CUDA_ENCODE_STAGED=1 (the encoders'
-    # slabs through shared memory by cp.async, two stages per warp), QCOMM_CUDA_FULL_GRID=1 (every
-    # block the work needs, one turn each), QCOMM_CUDA_DECODE_UNROLL=8 (8 items per decoder thread
-    # and step); the default, which from 10 Mi elements gives the decoders and the 4-block
-    # encoders (fp32 but 8-bit asymmetric) the full grid, and QCOMM_CUDA_FULL_GRID=0 with
-    # QCOMM_CUDA_ENCODE_BLOCKS=3 (the resident grid, 3-block encoders: the default before
-    # 2026-11-30); a partial last slab; the CPU codec's bytes and values either way
-    for k in ("QCOMM_CUDA_FULL_GRID", "QCOMM_CUDA_ENCODE_BLOCKS"):
-        monkeypatch.delenv(k, raising=False)
-    for k, v in settings.items():
-        monkeypatch.setenv(k, v)
+def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, launch_settings):
+    # the launch shapes the settings force, on a message large enough that every warp of the
+    # encoder and every block of the decoder takes several turns of the resident grid:
+    # QCOMM_CUDA_ENCODE_BLOCKS=4 and 3 (every encoder compiled for 4 blocks per SM, spilling in
+    # most variants, or 3), QCOMM_CUDA_FULL_GRID=1 (every block the work needs, one turn each),
+    # alone and with 4 encoder blocks; the default, which from 10 Mi elements gives the decoders
+    # and the 4-block encoders (fp32 but 8-bit asymmetric) the full grid, the same written "auto",
+    # and QCOMM_CUDA_FULL_GRID=0 with QCOMM_CUDA_ENCODE_BLOCKS=3 (the resident grid, 3-block
+    # encoders: the default before 2026-11-30); a partial last slab; the CPU codec's bytes and
+    # values either way
+    launch_settings(settings)
     n = 12 * 2**20 + 77
     x = (torch.randn(n, generator=torch.Generator().manual_seed(3)) * 2).to(dtype)
     for bits, sym in itertools.product([4, 8], [True, False]):
-        cpu = _C.codec_encode(x, bits, 128, sym)
-        gpu = _C.cuda_codec_encode(x.cuda(), bits, 128, sym)
+        cpu = _C._testing.codec_encode(x, bits, 128, sym)
+        gpu = _C._testing.cuda_codec_encode(x.cuda(), bits, 128, sym)
         assert torch.equal(cpu, gpu.cpu()), f"bits={bits} sym={sym}: wire bytes differ"
-        want = _C.codec_decode(cpu, n, bits, 128, sym)
-        got = _C.cuda_codec_decode(gpu, n, bits, 128, sym).cpu()
+        want = _C._testing.codec_decode(cpu, n, bits, 128, sym)
+        got = _C._testing.cuda_codec_decode(gpu, n, bits, 128, sym).cpu()
         assert same_floats(want, got), f"bits={bits} sym={sym}: values differ"
 
 
 @pytest.mark.parametrize(
-    "settings,codec,template",
+    "settings,codec,blocks",
     [
-        ({}, (torch.float32, 8, False), (3, False)),
-        ({}, (torch.float32, 8, True), (4, False)),
-        ({}, (torch.float32, 4, False), (4, False)),
-        ({}, (torch.bfloat16, 4, False), (3, False)),
-        ({"QCOMM_CUDA_ENCODE_BLOCKS": "4"}, (torch.float32, 8, False), (4, False)),
-        ({"QCOMM_CUDA_ENCODE_BLOCKS": "3"}, (torch.float32, 4, False), (3, False)),
-        ({"QCOMM_CUDA_ENCODE_STAGED": "1"}, (torch.float32, 8, False), (3, True)),
-        (
-            {"QCOMM_CUDA_ENCODE_STAGED": "1", "QCOMM_CUDA_ENCODE_BLOCKS": "4"},
-            (torch.float32, 4, False),
-            (3, True),
-        ),
+        ({}, (torch.float32, 8, False), 3),
+        ({}, (torch.float32, 8, True), 4),
+        ({}, (torch.float32, 4, False), 4),
+        ({}, (torch.bfloat16, 4, False), 3),
+        ({"QCOMM_CUDA_ENCODE_BLOCKS": "auto"}, (torch.float32, 4, True), 4),
+        ({"QCOMM_CUDA_ENCODE_BLOCKS": "4"}, (torch.float32, 8, False), 4),
+        ({"QCOMM_CUDA_ENCODE_BLOCKS": "3"}, (torch.float32, 4, False), 3),
     ],
     ids=[
         "default_fp32_8_asym",
         "default_fp32_8_sym",
         "default_fp32_4_asym",
         "default_bf16_4_asym",
+        "auto_fp32_4_sym",
         "encode_blocks_4",
         "encode_blocks_3",
-        "encode_staged",
-        "staged_over_blocks",
     ],
 )
-def test_cuda_encode_setting_picks_its_kernel(settings, codec, template, monkeypatch):
+def test_cuda_encode_setting_picks_its_kernel(settings, codec, blocks, launch_settings):
     # the launch variants give the same bytes (above), so only the kernel's name tells that the
-    # setting took effect and that the staged encoder's shared memory was granted (it falls back
-    # to the default encoder otherwise): read from the profiler's record of the launch
+    # setting took effect: read from the profiler's record of the launch
     from torch.profiler import ProfilerActivity, profile
 
-    for k in ("QCOMM_CUDA_ENCODE_BLOCKS", "QCOMM_CUDA_ENCODE_STAGED"):
-        monkeypatch.delenv(k, raising=False)
-    for k, v in settings.items():
-        monkeypatch.setenv(k, v)
+    launch_settings(settings)
     # by default 4 blocks per SM for fp32 input but the 8-bit asymmetric codec, 3 otherwise
+    # (csrc/cuda/tuning.h)
     dtype, bits, sym = codec
     x = torch.randn(2**20, device="cuda").to(dtype)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _C.cuda_codec_encode(x, bits, 128, sym)
+        _C._testing.cuda_codec_encode(x, bits, 128, sym)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if "encodeKernel" in e.name]
     if not prof.events():
         pytest.skip("the profiler recorded no CUDA activity on this machine")
     assert names, [e.name for e in prof.events()]
-    blocks, staged = template
     type_name = {torch.float32: "float", torch.bfloat16: "qcomm::bf16_t"}[dtype]
-    flags = [str(bits), "true" if sym else "false", str(blocks), "true" if staged else "false"]
-    want = ("encode", [type_name] + flags)
+    want = ("encode", [type_name, str(bits), "true" if sym else "false", str(blocks)])
     assert all(ncu_codec.template_args(n) == want for n in names), names
+
+
+@pytest.mark.parametrize(
+    "setting,value", [("QCOMM_CUDA_FULL_GRID", "2"), ("QCOMM_CUDA_ENCODE_BLOCKS", "8")]
+)
+def test_cuda_launch_setting_refuses_a_bad_value(setting, value, launch_settings):
+    # a value the setting does not allow: the launch raises ValueError (std::invalid_argument)
+    # naming the variable and the value, rather than running some default
+    launch_settings({setting: value})
+    x = torch.randn(4096, device="cuda")
+    with pytest.raises(ValueError, match=f"{setting}='{value}'"):
+        _C._testing.cuda_codec_encode(x, 8, 128, True)
+    launch_settings({})
+    assert torch.equal(
+        _C._testing.cuda_codec_encode(x, 8, 128, True).cpu(),
+        _C._testing.codec_encode(x.cpu(), 8, 128, True),
+    )
 
 
 @pytest.mark.parametrize("local_dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -231,12 +258,12 @@ def test_cuda_ring_hop_matches_cpu(local_dtype):
         group = 32 if in_bits == 4 else 256
         incoming = torch.randn(n, generator=g) * 3
         local = _special(n, seed=n).to(local_dtype)
-        src = _C.codec_encode(incoming, in_bits, group, sym)
-        want_partial = _C.codec_decode(src, n, in_bits, group, sym) + local.float()
-        want = _C.codec_encode(want_partial, out_bits, group, not sym)
+        src = _C._testing.codec_encode(incoming, in_bits, group, sym)
+        want_partial = _C._testing.codec_decode(src, n, in_bits, group, sym) + local.float()
+        want = _C._testing.codec_encode(want_partial, out_bits, group, not sym)
         in_place = local_dtype == torch.float32 and n == 3072
         loc = local.cuda()
-        partial, dst = _C.cuda_codec_hop(
+        partial, dst = _C._testing.cuda_codec_hop(
             src.cuda(), in_bits, group, sym, loc, out_bits, group, not sym, in_place=in_place
         )
         case = f"in={in_bits} out={out_bits} sym={sym} n={n} in_place={in_place}"
@@ -249,11 +276,11 @@ def test_cuda_ring_hop_matches_cpu(local_dtype):
     local = torch.randn(2048, generator=g).to(local_dtype)
     salt = ref.noise_salt(7, 2, 1)
     for in_group, out_group, noise in [(128, 128, True), (64, 128, False)]:
-        src = _C.codec_encode(x, 8, in_group, True)
-        want_partial = _C.codec_decode(src, 2048, 8, in_group, True) + local.float()
+        src = _C._testing.codec_encode(x, 8, in_group, True)
+        want_partial = _C._testing.codec_decode(src, 2048, 8, in_group, True) + local.float()
         kw = dict(noise_salt=salt, noise_base=128) if noise else {}
-        want = _C.codec_encode(want_partial, 4, out_group, False, **kw)
-        partial, dst = _C.cuda_codec_hop(
+        want = _C._testing.codec_encode(want_partial, 4, out_group, False, **kw)
+        partial, dst = _C._testing.cuda_codec_hop(
             src.cuda(), 8, in_group, True, local.cuda(), 4, out_group, False, **kw
         )
         assert same_floats(want_partial, partial.cpu()), (in_group, out_group, noise)
@@ -276,39 +303,41 @@ def test_cuda_decode_sum_matches_cpu(bits, sym):
         (9, 2**21 + 77, 0),
     ]:
         blocks = [
-            _C.codec_encode(
+            _C._testing.codec_encode(
                 _special(n, seed=k) if k % 3 == 0 else torch.randn(n, generator=g), bits, group, sym
             )
             for k in range(count)
         ]
-        want = _C.codec_decode(blocks[0], n, bits, group, sym)
+        want = _C._testing.codec_decode(blocks[0], n, bits, group, sym)
         for b in blocks[1:]:
-            want = want + _C.codec_decode(b, n, bits, group, sym)
+            want = want + _C._testing.codec_decode(b, n, bits, group, sym)
         unit = (blocks[0].numel() + 15) // 16 * 16 + 16
         offsets = [k * unit + (skew if k == count - 1 else 0) for k in range(count)]
         buffer = torch.zeros(count * unit + 16, dtype=torch.uint8)
         for off, b in zip(offsets, blocks):
             buffer[off : off + b.numel()] = b
         store = torch.full((n + 1,), 7.0, device="cuda")
-        got = _C.cuda_codec_decode_sum(buffer.cuda(), offsets, n, bits, group, sym, out=store[1:])
+        got = _C._testing.cuda_codec_decode_sum(
+            buffer.cuda(), offsets, n, bits, group, sym, out=store[1:]
+        )
         case = f"count={count} n={n} skew={skew}"
         assert got.data_ptr() == store[1:].data_ptr(), case
         assert same_floats(want, got.cpu()), f"{case}: sums differ"
         assert store[0].item() == 7.0, f"{case}: wrote before its output"
     with pytest.raises(ValueError, match="no block to sum"):
-        _C.cuda_codec_decode_sum(
+        _C._testing.cuda_codec_decode_sum(
             torch.zeros(64, dtype=torch.uint8, device="cuda"), [], 4, bits, group, sym
         )
     with pytest.raises(ValueError, match="multiple of 4 bytes"):
-        _C.cuda_codec_decode_sum(
+        _C._testing.cuda_codec_decode_sum(
             torch.zeros(4096, dtype=torch.uint8, device="cuda"), [2], 4, bits, group, sym
         )
     # a block two bytes into its buffer: refused, not a misaligned load on the GPU
-    enc = _C.cuda_codec_encode(torch.randn(256, device="cuda"), bits, group, sym)
+    enc = _C._testing.cuda_codec_encode(torch.randn(256, device="cuda"), bits, group, sym)
     skewed = torch.zeros(enc.numel() + 2, dtype=torch.uint8, device="cuda")
     skewed[2:] = enc
     with pytest.raises(ValueError, match="multiple of 4 bytes"):
-        _C.cuda_codec_decode(skewed[2:], 256, bits, group, sym)
+        _C._testing.cuda_codec_decode(skewed[2:], 256, bits, group, sym)
 
 
 def test_cuda_divide_matches_cpu():
@@ -317,5 +346,5 @@ def test_cuda_divide_matches_cpu():
     # (a tensor divisor: a scalar one may become a multiplication by its reciprocal)
     x = _special(5000, seed=11)
     for world in range(2, 9):
-        got = _C.cuda_codec_divide(x.cuda(), world)
+        got = _C._testing.cuda_codec_divide(x.cuda(), world)
         assert same_floats(x / torch.full_like(x, world), got.cpu()), f"world={world}"

@@ -30,7 +30,7 @@ import pytest
 
 from dist_util import run_ranks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 SPEECHES, WINDOW, WORLD = 2, 256, 3

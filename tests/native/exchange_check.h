@@ -1,9 +1,10 @@
-// The separate kernels' exchange (csrc/ipc_exchange.h) checked with any executor: W ranks as
-// threads move random bytes through buffers so small that slots take several rounds (copied out)
-// or one (left in the buffers), over several calls; what each rank reads at its parts before its
-// next exchange must be exactly what its peers sent it, the barrier counts must agree, and
-// nothing may give up. Shared by the ThreadSanitizer harness (tests/native/ipc_race.cpp,
-// the host executor) and the SIMT emulator's driver (tests/native/simt/ipc_main.cpp, the kernels).
+// The separate kernels' exchange (csrc/transport/ipc_exchange.h, ipc::CopySchedule) checked with
+// any executor: W ranks as threads move random bytes through buffers so small that slots take
+// several rounds (copied out) or one (left in the buffers), over several calls; what each rank
+// reads at its parts before its next exchange must be exactly what its peers sent it, the barrier
+// counts must agree, and nothing may give up. Shared by the ThreadSanitizer harness
+// (tests/native/exchange_race.cpp, the host executor) and the SIMT emulator's driver
+// (tests/native/simt/exchange_main.cpp, the kernels of csrc/cuda/ipc_kernels.cu).
 #pragma once
 
 #include <cstdio>
@@ -17,16 +18,15 @@
 
 namespace qcomm {
 
-// The host executor never fails to launch, and reads a part with memcpy (the kernels' executor
-// has its own overloads: a part on the "device" is read through a copy kernel).
-inline bool launchFailed(const HostCopies&) { return false; }
+// The host executor reads a part with memcpy (the kernels' executor has its own overload: a part
+// on the "device" is read through a copy kernel).
 inline void readPart(HostCopies&, uint8_t* into, const uint8_t* part, int64_t bytes) {
   std::memcpy(into, part, size_t(bytes));
 }
 
-// Runs one call per entry of `slots` (bytes per slot) with an executor `Copies{args}` per rank
-// over buffers whose halves hold `part` bytes per rank. Prints one line per call naming `what`;
-// false (and a line on stderr) on the first problem.
+// Runs one call per entry of `slots` (bytes per slot) with an executor `Copies{peers}` per rank
+// (its IpcPeers in `peers`) over buffers whose halves hold `part` bytes per rank. Prints one line
+// per call naming `what`; false (and a line on stderr) on the first problem.
 template <class Copies>
 bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<int64_t>& slots) {
   const IpcExchangeGeometry g =
@@ -58,14 +58,14 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
     std::vector<std::thread> ranks;
     for (int r = 0; r < world; ++r) {
       ranks.emplace_back([&, r]() {
-        IpcTwoStepArgs a{};
-        a.world = world;
-        a.rank = r;
-        for (int q = 0; q < world; ++q) a.buffers[q] = buffers[size_t(q)].data();
-        a.timeoutNs = int64_t(120) * 1000000000;
-        a.hostError = &err[size_t(r)];
-        Copies c{a};
-        ipc::Exchange<Copies> x(c, g, c.a.buffers, r, world);
+        IpcPeers p{};
+        p.world = world;
+        p.rank = r;
+        for (int q = 0; q < world; ++q) p.buffers[q] = buffers[size_t(q)].data();
+        p.timeoutNs = int64_t(120) * 1000000000;
+        p.hostError = &err[size_t(r)];
+        Copies c{p};
+        ipc::CopySchedule<Copies> x(c, g, c.peers.buffers, r, world);
         std::vector<const uint8_t*> parts(static_cast<size_t>(world));
         // what the caller does before the next exchange: read every part where it lies (a slot
         // of one round stays in the buffers), here into got / ggot
@@ -79,7 +79,7 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
         done =
             done && x.run(gout[size_t(r)].data(), gin[size_t(r)].data(), slot, true, parts.data());
         if (done) take(ggot[size_t(r)]);
-        ok[size_t(r)] = done && !launchFailed(c);
+        ok[size_t(r)] = done && c.failure()[0] == '\0';
       });
     }
     for (auto& t : ranks) t.join();

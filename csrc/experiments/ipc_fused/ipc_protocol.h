@@ -1,18 +1,16 @@
 // The fused two_step's protocol over CUDA-IPC buffers, written once for two executors: the CUDA
-// kernel (csrc/cuda/ipc_two_step.cu, one block per SM, threads and warps) and a host emulation
-// (csrc/ipc_host.cpp, one thread per rank over host memory, the CPU codec) that the CPU tests run
+// kernel (ipc_two_step.cu, one block per SM, threads and warps) and a host emulation
+// (fused_host.cpp, one thread per rank over host memory, the CPU codec) that the CPU tests run
 // against the reference. Both execute this file's task loop, addressing, tiling, flag protocol
 // and epochs; only the per-tile codec work and the synchronization primitives differ, and the
-// CUDA codec's are tested bit for bit against the CPU codec on a GPU (tests/test_cuda_codec.py).
+// CUDA codec's are tested bit for bit against the CPU codec on a GPU
+// (tests/cuda/test_cuda_codec.py). Built with QCOMM_EXPERIMENTS=1 only.
 //
 // Each executor `ex` provides: epochBase(), encodeReduce(tile, dst), sumEncode(tile, slot, out),
 // copy16(dst, src, vectors), decodeOut(src, tile), barrier(), leader(), release(flag, v),
-// wait(flag, epoch, step, peer, tile) (leader only; false = gave up), setGiveUp()/gaveUp(),
+// wait(flag, epoch, step, peer, tile) (leader only; false = gave up), setGiveUp()/gaveUp(), and
 // mark(phase): the time since the previous mark belongs to `phase` (IpcPhase; -1 starts the
-// clock), which the kernel counts when profiling and the host emulation ignores, and
-// prefetchInput(tile): a hint that the group encodes this tile of its own input next (the kernel
-// asks L2 for it under QCOMM_CUDA_PREFETCH=1; the host emulation checks that its next encode is
-// of that tile; it changes no byte).
+// clock), which the kernel counts when profiling and the host emulation ignores.
 //
 // Phases of one piece, in this order for every block (see ipc_two_step.cu for the argument that
 // they cannot deadlock and that no slot is overwritten before it is read):
@@ -24,18 +22,12 @@
 //   C. gather: wait for owner o's gather flag [o][t], decode its bytes into place.
 #pragma once
 
+#include "cuda/ipc_barrier.h"  // ipc::word, QCOMM_PROTO_FN
 #include "cuda/ipc_layout.h"
-
-#ifndef QCOMM_PROTO_FN
-#define QCOMM_PROTO_FN inline
-#endif
+#include "experiments/ipc_fused/fused_layout.h"
 
 namespace qcomm {
 namespace ipc {
-
-QCOMM_PROTO_FN uint32_t* word(uint8_t* buf, int64_t offset) {
-  return reinterpret_cast<uint32_t*>(buf + offset);
-}
 
 QCOMM_PROTO_FN uint32_t* reduceFlag(uint8_t* buf, int src, int64_t slot) {
   return word(buf, kIpcReduceFlagsOffset) + int64_t(src) * kIpcMaxSlots + slot;
@@ -54,35 +46,6 @@ QCOMM_PROTO_FN uint8_t* gatherSlot(uint8_t* buf, const IpcGeometry& g, int world
   return buf + kIpcDataOffset + ((int64_t(world) + owner) * g.pieceTiles + slot) * g.slotBytes;
 }
 
-// The flag through which rank src tells the owner of `buf` that it entered barrier `number`.
-QCOMM_PROTO_FN uint32_t* barrierFlag(uint8_t* buf, uint32_t number, int src) {
-  return word(buf, kIpcBarrierFlagsOffset) + int64_t(number & 1u) * kIpcMaxRanks + src;
-}
-
-// One barrier of the separate-kernels two_step (ipc_exchange.h), run by one thread of this rank:
-// take the next barrier number from this rank's count, release it into its flag in every peer's
-// buffer, then wait until every peer has released the same number into this rank's buffer. Every
-// rank enters the same barriers in the same order, so the numbers agree, and the count lives in
-// the buffer (on the device), so a CUDA graph's replays keep counting. A peer can be at most one
-// barrier ahead (it cannot leave barrier k + 1 before this rank enters it), and barriers of the
-// other parity use other flags: the flag waited for cannot already hold a later number.
-// `index` (the barrier's place in its call) only names it in an error. False: a wait gave up.
-template <class Exec>
-QCOMM_PROTO_FN bool barrier(Exec& ex, uint8_t* const* buffers, int rank, int world,
-                            uint32_t index) {
-  uint32_t* count = word(buffers[rank], kIpcBarrierCountOffset);
-  const uint32_t number = *count + 1u;
-  *count = number;
-  for (int j = 1; j < world; ++j) {
-    ex.release(barrierFlag(buffers[(rank + j) % world], number, rank), number);
-  }
-  for (int j = 1; j < world; ++j) {
-    const int q = (rank + j) % world;
-    if (!ex.wait(barrierFlag(buffers[rank], number, q), number, 3u, q, index)) return false;
-  }
-  return true;
-}
-
 // Element range of tile t of chunk c; len <= 0 when the chunk has no such tile.
 struct Tile {
   int64_t begin;
@@ -99,25 +62,8 @@ QCOMM_PROTO_FN Tile tileOf(const IpcTwoStepArgs& a, int c, int64_t t) {
   return {chunkBegin + off, len};
 }
 
-// The encodes of a piece's input, numbered: the A tasks 0 .. sends - 1 (sends = peers * slots;
-// task k encodes tile k % slots of chunk rank + 1 + k / slots), then the B tasks sends + s (tile s
-// of the rank's own chunk). encodeTile: the input tile of encode k (len <= 0: none).
-QCOMM_PROTO_FN Tile encodeTile(const IpcTwoStepArgs& a, int64_t first, int64_t slots, int64_t k) {
-  const int64_t sends = int64_t(a.world - 1) * slots;
-  if (k < sends) return tileOf(a, (a.rank + 1 + int(k / slots)) % a.world, first + k % slots);
-  if (k - sends < slots) return tileOf(a, a.rank, first + k - sends);
-  return {0, 0};
-}
-
-// The encode a block (block, of blocks) does after encode k: its next A task, after its last one
-// its first B task, then its next B task.
-QCOMM_PROTO_FN int64_t nextEncode(int64_t k, int64_t sends, int64_t block, int64_t blocks) {
-  return k < sends && k + blocks >= sends ? sends + block : k + blocks;
-}
-
 // One block's share (tasks block, block + blocks, ...) of piece `piece`. Returns false when a
-// wait gave up (the error is recorded; the caller stops). Before each encode of its input the
-// block names the input tile it encodes next (prefetchInput, nextEncode).
+// wait gave up (the error is recorded; the caller stops).
 template <class Exec>
 QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, int64_t block,
                              int64_t blocks) {
@@ -136,7 +82,6 @@ QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, i
     const int64_t s = task % slots;
     const Tile tile = tileOf(a, c, first + s);
     if (tile.len <= 0) continue;
-    ex.prefetchInput(encodeTile(a, first, slots, nextEncode(task, sends, block, blocks)));
     ex.encodeReduce(tile, reduceSlot(a.buffers[c], g, a.rank, s));
     ex.barrier();
     ex.mark(kPhaseSendEncode);
@@ -148,7 +93,6 @@ QCOMM_PROTO_FN bool runPiece(Exec& ex, const IpcTwoStepArgs& a, int64_t piece, i
   for (int64_t s = block; s < slots; s += blocks) {
     const Tile tile = tileOf(a, a.rank, first + s);
     if (tile.len <= 0) continue;
-    ex.prefetchInput(encodeTile(a, first, slots, nextEncode(sends + s, sends, block, blocks)));
     ex.encodeReduce(tile, reduceSlot(own, g, a.rank, s));
     ex.mark(kPhaseOwnEncode);
     if (ex.leader()) {

@@ -1,6 +1,10 @@
 // The fused, persistent two_step over CUDA IPC (Flash Communication's two steps in one kernel).
 //
-// Each launch handles one piece (csrc/ipc_layout.h) with a grid of at most one block per SM, so
+// An experiment (QCOMM_EXPERIMENTS=1 builds only; csrc/experiments/README.md): timed against the
+// separate kernels on one H200 it lost, and it stays out of the product until it is timed on two
+// or more GPUs and wins.
+//
+// Each launch handles one piece (fused_layout.h) with a grid of at most one block per SM, so
 // every block is resident and no block ever waits for another block of its own launch. A block's
 // 8 warps form 8 / taskWarps task groups (QCOMM_IPC_TASK_WARPS; default one group of 8), each
 // with its own barrier (__syncthreads, a named barrier, or __syncwarp for one warp), so that the
@@ -26,11 +30,12 @@
 // a rank that gives up records rank, step, peer and tile in host-mapped memory and sets the abort
 // word of every rank, so the others stop spinning too.
 #define QCOMM_PROTO_FN __device__ __forceinline__
-#include "cuda/ipc_protocol.h"
-#include "cuda/ipc_two_step.h"
+#include "cuda/ipc_sync.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/tile_codec.cuh"
 #include "cuda/warp_codec.cuh"
+#include "experiments/ipc_fused/ipc_protocol.h"
+#include "experiments/ipc_fused/ipc_two_step.h"
 
 namespace qcomm {
 namespace gpu {
@@ -41,14 +46,12 @@ using ipc::word;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
-static_assert(kWarps == kIpcBlockWarps, "the block's warps are ipc_layout.h's");
+static_assert(kWarps == kIpcBlockWarps, "the block's warps are fused_layout.h's");
 
+// loadAcquire, storeRelease and the bounded spin (ipcSpinWait) are csrc/cuda/ipc_sync.cuh's.
 #if defined(QCOMM_SIMT)
-// the SIMT emulator of the CPU tests: the same orderings as C++ atomics
-using simt::globalTimerNs;
-using simt::loadAcquire;
+// the SIMT emulator of the CPU tests
 using simt::namedBarrier;
-using simt::storeRelease;
 #else
 // A named barrier (1..4: the task groups of 2 or 4 warps) with a thread count: the `threads`
 // threads (whole warps) that use `id` wait for each other, with __syncthreads' memory ordering
@@ -68,22 +71,6 @@ __device__ __forceinline__ void namedBarrier(int id, int threads) {
     default:
       asm volatile("barrier.sync 4, %0;" ::"r"(threads) : "memory");
   }
-}
-
-__device__ __forceinline__ uint32_t loadAcquire(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void storeRelease(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ uint64_t globalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 #endif
 
@@ -175,66 +162,15 @@ struct DeviceExec {
 
   // The group's barrier has ordered its threads' writes of the tile before this (the leader's)
   // release store, and a release is cumulative over them (PTX memory model), so a peer's acquire
-  // of the flag sees the whole tile: no fence is needed before it (a.releaseFence adds the
-  // system-scope one the kernel used to issue, to time the two).
-  __device__ void release(uint32_t* flag, uint32_t v) const {
-    if (a.releaseFence) __threadfence_system();
-    storeRelease(flag, v);
-  }
-
-  // QCOMM_CUDA_PREFETCH=1: ask L2 for the input tile this group encodes next, one 128-byte line
-  // per thread and step (every address inside the tile), so that its loads find it there rather
-  // than in memory; otherwise nothing.
-  __device__ void prefetchInput(Tile t) const {
-    if (!a.prefetch || t.len <= 0) return;
-    const char* p = static_cast<const char*>(a.data) + t.begin * int64_t(sizeof(T));
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
-    const uintptr_t line0 = begin & ~uintptr_t(127);
-    const int64_t lines = int64_t((begin + uintptr_t(t.len) * sizeof(T) - 1 - line0) >> 7) + 1;
-    for (int64_t i = tid; i < lines; i += threads) {
-      prefetchL2(i == 0 ? p : p + (line0 + uintptr_t(i) * 128 - begin));
-    }
-  }
-
-  __device__ void recordError(uint32_t code, uint32_t step, int peer, int64_t tile,
-                              uint32_t epoch) const {
-    // the first error of this rank claims a word in its own buffer, then fills the host-mapped
-    // record, its code last, so the host never reads a code without its fields
-    if (atomicCAS(word(a.buffers[a.rank], kIpcErrorClaimOffset), 0u, 1u) == 0u) {
-      volatile IpcError* e = a.hostError;
-      e->step = step;
-      e->peer = uint32_t(peer);
-      e->tile = uint32_t(tile);
-      e->epoch = epoch;
-      e->rank = uint32_t(a.rank);
-      __threadfence_system();
-      e->code = code;
-      __threadfence_system();
-    }
-  }
+  // of the flag sees the whole tile: no fence is needed before it. (A system-scope fence before
+  // it, the kernel's until 2026-11-30, lost when timed: benchmarks/RESULTS.md.)
+  __device__ void release(uint32_t* flag, uint32_t v) const { storeRelease(flag, v); }
 
   // Spin until *flag == epoch; false when this rank gives up (time-out: recorded, and every
   // rank's abort word set) or a peer already gave up.
   __device__ bool wait(const uint32_t* flag, uint32_t epoch, uint32_t step, int peer,
                        int64_t tile) const {
-    if (loadAcquire(flag) == epoch) return true;
-    const uint32_t* abortWord = word(a.buffers[a.rank], kIpcAbortOffset);
-    const uint64_t start = globalTimerNs();
-    for (uint32_t i = 1;; ++i) {
-      if (loadAcquire(flag) == epoch) return true;
-      if ((i & 255u) == 0u) {
-        if (loadAcquire(abortWord) != 0u) {
-          recordError(2u, step, peer, tile, epoch);
-          return false;
-        }
-        if (int64_t(globalTimerNs() - start) > a.timeoutNs) {
-          recordError(1u, step, peer, tile, epoch);
-          for (int r = 0; r < a.world; ++r) storeRelease(word(a.buffers[r], kIpcAbortOffset), 1u);
-          return false;
-        }
-        __nanosleep(128);
-      }
-    }
+    return ipcSpinWait(a, flag, epoch, step, peer, tile);
   }
 
   // Encode a tile of the message with the reduce codec into dst (often a peer's buffer). Whole
@@ -546,53 +482,9 @@ cudaError_t launchPieces(const IpcTwoStepArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The separate kernels' barrier (ipc_protocol.h, barrier), one thread. Its release follows copies
-// of earlier kernels of the stream (copy engine or not), which the cumulativity argument of
-// DeviceExec::release does not cover: hence the system-scope fence before it (a.releaseFence).
-__global__ void exchangeBarrier(IpcTwoStepArgs a, uint32_t index) {
-  DeviceExec<float> ex{a, nullptr, nullptr, 0, 1, 0};
-  ipc::barrier(ex, a.buffers, a.rank, a.world, index);
-}
-
-// The copies of one step of the separate kernels' exchange: every thread of the grid takes its
-// share of each copy in turn, 16 bytes at a time where the copy allows it.
-__global__ void exchangeCopies(IpcCopies copies) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int i = 0; i < copies.count; ++i) {
-    const IpcCopy c = copies.copy[i];
-    const bool vec = aligned(c.dst, 16) && aligned(c.src, 16);
-    const int64_t vectors = vec ? c.bytes / 16 : 0;
-    const int4* from = reinterpret_cast<const int4*>(c.src);
-    int4* to = reinterpret_cast<int4*>(c.dst);
-    for (int64_t v = first; v < vectors; v += stride) to[v] = from[v];
-    for (int64_t b = vectors * 16 + first; b < c.bytes; b += stride) c.dst[b] = c.src[b];
-  }
-}
-
 }  // namespace
 
-cudaError_t ipcBarrier(const IpcTwoStepArgs& a, uint32_t index, cudaStream_t stream) {
-  IpcTwoStepArgs b = a;
-  b.releaseFence = 1;
-  b.profile = nullptr;
-  QCOMM_LAUNCH(exchangeBarrier, 1, 1, stream)(b, index);
-  return cudaGetLastError();
-}
-
-cudaError_t ipcCopy(const IpcCopies& copies, int maxBlocks, cudaStream_t stream) {
-  int64_t most = 0;
-  for (int i = 0; i < copies.count; ++i)
-    most = copies.copy[i].bytes > most ? copies.copy[i].bytes : most;
-  if (most == 0) return cudaSuccess;
-  constexpr int kCopyThreads = 256;
-  const int64_t need = (most / 16 + kCopyThreads * 4 - 1) / (kCopyThreads * 4);
-  const int blocks = int(need < maxBlocks ? (need > 0 ? need : 1) : maxBlocks);
-  QCOMM_LAUNCH(exchangeCopies, blocks, kCopyThreads, stream)(copies);
-  return cudaGetLastError();
-}
-
-cudaError_t ipcPreload() {
+cudaError_t ipcTwoStepPreload() {
 #if defined(QCOMM_SIMT)
   return cudaSuccess;
 #else
@@ -600,14 +492,13 @@ cudaError_t ipcPreload() {
   // at its first launch, and loading waits for the context's running kernels). Ranks that are
   // threads of one process share a context: a rank that loaded advanceEpoch, or a piece kernel,
   // while its peer's piece kernel spins waiting for this rank would wait for that kernel, and
-  // that kernel for this rank's launch. So every kernel here is loaded at set-up.
+  // that kernel for this rank's launch. So every kernel here is loaded at set-up (the separate
+  // kernels by gpu::ipcPreload).
   cudaFuncAttributes attr;
   cudaError_t e = cudaFuncGetAttributes(&attr, twoStepPiece<float>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, twoStepPiece<fp16_t>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, twoStepPiece<bf16_t>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, advanceEpoch);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, exchangeBarrier);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, exchangeCopies);
   return e;
 #endif
 }

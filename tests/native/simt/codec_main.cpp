@@ -4,21 +4,26 @@
 // width, symmetry and group size, sizes with and without a partial last slab, aligned and
 // misaligned pointers (the vector and the scalar paths), stochastic rounding, and inputs with
 // non-finite values, constant groups, zeros of both signs, huge and denormal values, and groups a
-// few ulps wide. Prints one line per family and exits non-zero at the first difference, naming the
-// case and the byte.
+// few ulps wide; the launch variants that QCOMM_CUDA_FULL_GRID and QCOMM_CUDA_ENCODE_BLOCKS force
+// (the same bytes), cuda/tuning.h's choices under each, and the refusal of values they do not
+// allow. Prints one line per family and exits non-zero at the first difference, naming the case
+// and the byte.
 #include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "codec/codec_cpu.h"
+#include "common/settings.h"
 #include "cuda/codec_kernels.h"
-#include "prefetch_hook.h"
+#include "cuda/tuning.h"
 
 using namespace qcomm;
 
@@ -108,9 +113,6 @@ void checkEncodeDecode(int32_t dtype, const CodecSpec& c, int64_t n, int offset,
     shifted.assign(bytes + 8, 0xcd);
     dst = shifted.data() + 4;
   }
-  // QCOMM_CUDA_PREFETCH=1: every address the kernel prefetches must lie in what it reads
-  const auto* xb = static_cast<const uint8_t*>(xp);
-  simt::prefetchRanges = {{xb, xb + n * dtypeBytes(dtype)}};
   if (gpu::encode(xp, dtype, n, c, dst, noise, nullptr) != cudaSuccess) {
     std::fprintf(stderr, "FAIL %s: launch error\n", name.c_str());
     ++failures;
@@ -127,7 +129,6 @@ void checkEncodeDecode(int32_t dtype, const CodecSpec& c, int64_t n, int offset,
       for (int64_t i = 0; i < n; ++i) out[i] = a[size_t(i)];
     }
     decodeBlock(cpu.data(), n, c, a.data(), acc != 0);
-    simt::prefetchRanges = {{dst, dst + bytes}};
     if (gpu::decode(dst, n, c, out, acc != 0, nullptr) != cudaSuccess) {
       std::fprintf(stderr, "FAIL %s: launch error\n", dname.c_str());
       ++failures;
@@ -161,7 +162,6 @@ void checkDecodeSum(const CodecSpec& c, int count, int64_t n, bool misaligned, s
   std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n) + 1, 7.0f);
   for (int k = 0; k < count; ++k) decodeBlock(srcs[size_t(k)], n, c, want.data(), k > 0);
   float* out = got.data() + (misaligned ? 1 : 0);
-  simt::prefetchRanges.clear();
   if (gpu::decodeSum(srcs.data(), count, n, c, out, nullptr) != cudaSuccess) {
     std::fprintf(stderr, "FAIL %s: launch error\n", name.c_str());
     ++failures;
@@ -207,6 +207,69 @@ void checkHop(int32_t dtype, const CodecSpec& in, const CodecSpec& outSpec, int6
     return;
   }
   sameBytes(name + " bytes", dstCpu.data(), dstEmu.data(), dstCpu.size());
+}
+
+// The codec launch settings (nullptr: unset), then settings::reload(), as the process-scoped
+// settings are read once and kept.
+void setLaunchSettings(const char* fullGrid, const char* encodeBlocks) {
+  auto set = [](const char* name, const char* value) {
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  };
+  set("QCOMM_CUDA_FULL_GRID", fullGrid);
+  set("QCOMM_CUDA_ENCODE_BLOCKS", encodeBlocks);
+  settings::reload();
+}
+
+// A launch variant: the settings it forces (nullptr: unset).
+struct LaunchVariant {
+  const char* name;
+  const char* fullGrid;      // QCOMM_CUDA_FULL_GRID
+  const char* encodeBlocks;  // QCOMM_CUDA_ENCODE_BLOCKS
+};
+
+// cuda/tuning.h's choices under the settings in force, against what they should be: the encoder
+// blocks per SM (by default 4 for fp32 input but the 8-bit asymmetric codec, 3 otherwise) and
+// the full grid (by default the decoder's and the 4-block encoders', from 10 Mi elements).
+void checkChoices(const LaunchVariant& v) {
+  using gpu::tuning::Launch;
+  const std::string grid = v.fullGrid ? v.fullGrid : "auto";
+  const std::string blocks = v.encodeBlocks ? v.encodeBlocks : "auto";
+  auto fail = [&](const char* what, int want, int got) {
+    ++failures;
+    std::fprintf(stderr, "DIFFER tuning (%s) %s: want %d, got %d\n", v.name, what, want, got);
+  };
+  for (int32_t dtype : {kFloat32, kFloat16, kBFloat16}) {
+    for (int bits : {4, 8}) {
+      for (int sym : {0, 1}) {
+        ++cases;
+        const int measured = dtype == kFloat32 && (bits == 4 || sym) ? 4 : 3;
+        const int want = blocks == "3" ? 3 : (blocks == "4" ? 4 : measured);
+        const int got = gpu::tuning::encodeBlocks(dtype, bits, sym != 0);
+        if (got != want) {
+          const CodecSpec c{bits, 128, sym, kFloat32};
+          fail(describe("blocks", dtype, c, 0, 0, false).c_str(), want, got);
+        }
+      }
+    }
+  }
+  const int64_t from = int64_t(10) << 20;
+  for (Launch l : {Launch::kDecode, Launch::kEncode4, Launch::kEncode3, Launch::kOther}) {
+    for (int64_t n : {int64_t(1), from - 1, from, int64_t(1) << 30}) {
+      ++cases;
+      const bool wins = l == Launch::kDecode || l == Launch::kEncode4;
+      const bool want = grid == "1" || (grid != "0" && wins && n >= from);
+      const bool got = gpu::tuning::fullGrid(l, n);
+      if (got != want) {
+        const std::string what =
+            "full grid of launch " + std::to_string(int(l)) + " n=" + std::to_string(n);
+        fail(what.c_str(), int(want), int(got));
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -327,7 +390,7 @@ int main(int argc, char** argv) {
       checkEncodeDecode(dtype, CodecSpec{0, 128, 1, raw}, 1500, 0, false, 1, gen);
     }
   }
-  // messages that take several turns of the grid (the emulator's chip holds QCOMM_SIMT_SMS = 2
+  // messages that take several turns of the grid (the emulator's chip holds kSimtSms = 2
   // blocks of 8 warps): 41 whole slabs and a partial one, so warps take up to 3 slabs each
   for (int32_t dtype : dtypes) {
     for (int sym : {1, 0}) {
@@ -339,32 +402,28 @@ int main(int argc, char** argv) {
   }
   std::printf("encode/decode: %lld cases, %d differences\n", (long long)(cases - before), failures);
 
-  // the same multi-turn messages in the launch variants read at every launch: QCOMM_CUDA_PREFETCH=1
-  // (every address the kernels prefetch, their next slab or step, inside what they read),
-  // QCOMM_CUDA_ENCODE_BLOCKS=4 (the encoders compiled for 4 blocks per SM), both, and
-  // QCOMM_CUDA_ENCODE_STAGED=1 (the encoders' slabs through shared memory by cp.async, each copy
-  // done only at its wait, the stage filled with NaN bytes until then), and
-  // QCOMM_CUDA_FULL_GRID=1 (every block the work needs, one turn each),
-  // QCOMM_CUDA_DECODE_UNROLL=8 (8 items per decoder thread and step), and QCOMM_CUDA_FULL_GRID=0
-  // with QCOMM_CUDA_ENCODE_BLOCKS=3 (the resident grid and the 3-block encoders for every codec,
-  // the default before 2026-11-30; the default takes 4 for fp32 but 8-bit asymmetric): the same
-  // bytes
+  // the same multi-turn messages in the launch variants that the settings force:
+  // QCOMM_CUDA_ENCODE_BLOCKS=4 and 3 (every encoder compiled for 4 or 3 blocks per SM; by default
+  // fp32 takes 4 but for the 8-bit asymmetric codec), QCOMM_CUDA_FULL_GRID=1 (every block the
+  // work needs, one turn each), alone and with 4 encoder blocks, QCOMM_CUDA_FULL_GRID=0 with
+  // QCOMM_CUDA_ENCODE_BLOCKS=3 (the resident grid and the 3-block encoders for every codec, the
+  // default before 2026-11-30), and both written "auto" (the default; any case): the same bytes,
+  // and tuning.h's choices as the settings say (the default's too)
+  const LaunchVariant variants[] = {
+      {"4 encode blocks", nullptr, "4"},
+      {"3 encode blocks", nullptr, "3"},
+      {"full grid", "1", nullptr},
+      {"full grid with 4 encode blocks", "1", "4"},
+      {"resident grid with 3 encode blocks", "0", "3"},
+      {"auto", "auto", "AUTO"},
+  };
   before = cases;
   const int failuresBeforeVariants = failures;
-  simt::prefetchHook = simt::checkPrefetch;
-  for (int variant = 1; variant <= 7; ++variant) {
-    if (variant == 5) {
-      setenv("QCOMM_CUDA_FULL_GRID", "1", 1);
-    } else if (variant == 6) {
-      setenv("QCOMM_CUDA_DECODE_UNROLL", "8", 1);
-    } else if (variant == 7) {
-      setenv("QCOMM_CUDA_FULL_GRID", "0", 1);
-      setenv("QCOMM_CUDA_ENCODE_BLOCKS", "3", 1);
-    } else {
-      if (variant & 1) setenv("QCOMM_CUDA_PREFETCH", "1", 1);
-      if (variant & 2) setenv("QCOMM_CUDA_ENCODE_BLOCKS", "4", 1);
-      if (variant == 4) setenv("QCOMM_CUDA_ENCODE_STAGED", "1", 1);
-    }
+  setLaunchSettings(nullptr, nullptr);  // the default, whatever the caller's environment holds
+  checkChoices(LaunchVariant{"default", nullptr, nullptr});
+  for (const LaunchVariant& v : variants) {
+    setLaunchSettings(v.fullGrid, v.encodeBlocks);
+    checkChoices(v);
     for (int32_t dtype : dtypes) {
       for (int sym : {1, 0}) {
         checkEncodeDecode(dtype, CodecSpec{8, 128, sym, kFloat32}, 41 * 1024 + 77, 0, false, 1,
@@ -372,31 +431,81 @@ int main(int argc, char** argv) {
         checkEncodeDecode(dtype, CodecSpec{4, 32, sym, kFloat32}, 41 * 1024, 0, false, 0, gen);
       }
     }
-    unsetenv("QCOMM_CUDA_PREFETCH");
-    unsetenv("QCOMM_CUDA_ENCODE_BLOCKS");
-    unsetenv("QCOMM_CUDA_ENCODE_STAGED");
-    unsetenv("QCOMM_CUDA_FULL_GRID");
-    unsetenv("QCOMM_CUDA_DECODE_UNROLL");
+    checkHop(kFloat32, CodecSpec{8, 128, 1, kFloat32}, CodecSpec{4, 128, 0, kFloat32}, 41 * 1024,
+             false, false, gen);
+    checkDecodeSum(CodecSpec{4, 128, 0, kFloat32}, 3, 41 * 1024 + 77, false, gen);
   }
-  // a value a setting does not understand: the default runs (the same bytes), warned once
-  setenv("QCOMM_CUDA_ENCODE_STAGED", "yes", 1);
-  for (int k = 0; k < 2; ++k) {
-    checkEncodeDecode(kFloat32, CodecSpec{8, 128, 1, kFloat32}, 41 * 1024, 0, false, 0, gen);
+  setLaunchSettings(nullptr, nullptr);
+  std::string names;
+  for (const LaunchVariant& v : variants) names += std::string(names.empty() ? "" : ", ") + v.name;
+  std::printf("launch variants (%s): %lld cases, %d differences\n", names.c_str(),
+              (long long)(cases - before), failures - failuresBeforeVariants);
+
+  // a value a setting does not allow: the launch that reads it throws std::invalid_argument,
+  // naming the variable, the value and what is allowed, and launches nothing; once the value is
+  // gone (and the settings reloaded), the next launch runs
+  before = cases;
+  const int failuresBeforeRefusals = failures;
+  int refusals = 0;
+  std::string shown;
+  auto refused = [&](const char* name, const char* value, const char* what, auto call) {
+    ++cases;
+    setenv(name, value, 1);
+    settings::reload();
+    std::string message;
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      message = e.what();
+    }
+    unsetenv(name);
+    settings::reload();
+    const std::string quoted = std::string(name) + "='" + value + "'";
+    if (message.find(quoted) != std::string::npos && message.find("allowed") != std::string::npos) {
+      ++refusals;
+      if (shown.empty()) shown = message;
+    } else {
+      ++failures;
+      std::fprintf(stderr, "FAIL %s with %s: %s\n", what, quoted.c_str(),
+                   message.empty() ? "no std::invalid_argument" : message.c_str());
+    }
+  };
+  {
+    const int64_t n = 4096;
+    std::vector<float> x(size_t(n), 1.5f), out(size_t(n), 0.0f);
+    const CodecSpec q{8, 128, 0, kFloat32};
+    std::vector<uint8_t> enc(size_t(encodedBytes(n, q)), 0);
+    encodeBlock(x.data(), kFloat32, n, q, enc.data(), Noise{0, 0, 0});
+    std::vector<uint8_t> dst(enc.size(), 0xcd);
+    const std::vector<uint8_t> untouched = dst;
+    const Noise none{0, 0, 0};
+    refused("QCOMM_CUDA_FULL_GRID", "2", "encode",
+            [&] { (void)gpu::encode(x.data(), kFloat32, n, q, dst.data(), none, nullptr); });
+    refused("QCOMM_CUDA_ENCODE_BLOCKS", "5", "encode",
+            [&] { (void)gpu::encode(x.data(), kFloat32, n, q, dst.data(), none, nullptr); });
+    refused("QCOMM_CUDA_FULL_GRID", "on", "raw encode", [&] {
+      (void)gpu::encode(x.data(), kFloat32, n, CodecSpec{0, 128, 1, kBFloat16}, dst.data(), none,
+                        nullptr);
+    });
+    if (dst != untouched) {
+      ++failures;
+      std::fprintf(stderr, "FAIL: a refused encode wrote its output\n");
+    }
+    refused("QCOMM_CUDA_FULL_GRID", "yes", "decode",
+            [&] { (void)gpu::decode(enc.data(), n, q, out.data(), false, nullptr); });
+    const uint8_t* srcs[] = {enc.data(), enc.data()};
+    refused("QCOMM_CUDA_FULL_GRID", "-1", "decode-sum",
+            [&] { (void)gpu::decodeSum(srcs, 2, n, q, out.data(), nullptr); });
+    refused("QCOMM_CUDA_FULL_GRID", "full", "divide",
+            [&] { (void)gpu::divide(out.data(), n, 2.0f, nullptr); });
   }
-  unsetenv("QCOMM_CUDA_ENCODE_STAGED");
-  setenv("QCOMM_CUDA_FULL_GRID", "2", 1);  // a three-way setting's refusal names its values
-  checkEncodeDecode(kFloat32, CodecSpec{4, 128, 0, kFloat32}, 41 * 1024, 0, false, 0, gen);
-  unsetenv("QCOMM_CUDA_FULL_GRID");
-  simt::prefetchHook = nullptr;
-  if (simt::prefetches == 0 || simt::strayPrefetches != 0) ++failures;
+  const int64_t tried = cases - before;
+  // and the default again: the same bytes
+  checkEncodeDecode(kFloat32, CodecSpec{8, 128, 1, kFloat32}, 41 * 1024, 0, false, 0, gen);
   std::printf(
-      "launch variants (prefetch, 4 encode blocks, both, staged, full grid, decode unroll 8, "
-      "resident grid with 3 encode blocks): %lld "
-      "cases, %d "
-      "differences, %lld "
-      "addresses prefetched, %lld outside the tensor read\n",
-      (long long)(cases - before), failures - failuresBeforeVariants,
-      (long long)simt::prefetches.load(), (long long)simt::strayPrefetches.load());
+      "refused settings: %d of %lld launches threw std::invalid_argument (%s), %d "
+      "differences\n",
+      refusals, (long long)tried, shown.c_str(), failures - failuresBeforeRefusals);
 
   // the codec kernels' grids: never more than resident, every block the same number of turns
   for (int64_t cap = 1; cap <= 40; ++cap) {

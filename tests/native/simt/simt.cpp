@@ -1,7 +1,7 @@
 // The SIMT emulator's runtime (see simt.h): blocks on OS threads, CUDA threads as fibers, the
 // synchronising operations as cooperative barriers, and the few CUDA runtime calls the kernels'
-// launch code makes, answered as a small device would (QCOMM_SIMT_SMS multiprocessors, default 2,
-// one resident block each, so grid-stride loops take several turns).
+// launch code makes, answered as a small device would (kSimtSms = 2 multiprocessors, one resident
+// block each, so grid-stride loops take several turns).
 #include "simt.h"
 
 #include <sched.h>
@@ -356,8 +356,6 @@ void yieldSpin() {
   yieldToScheduler();
 }
 
-void (*prefetchHook)(const void* p) = nullptr;
-
 uint8_t* dynamicShared() {
   Block& b = block();
   if (b.sharedBytes == 0) fail(b, "dynamic shared memory used by a launch that gave none");
@@ -419,21 +417,21 @@ void run(unsigned grid, unsigned blockThreads, const std::function<void()>& body
 // ---- the CUDA runtime calls of the launch code ----
 
 namespace {
-int simtSms() {
-  const char* v = std::getenv("QCOMM_SIMT_SMS");
-  const int n = v != nullptr ? std::atoi(v) : 2;
-  return n > 0 ? n : 2;
-}
+constexpr int kSimtSms = 2;  // the emulated device's multiprocessors
 }  // namespace
 
 extern "C" {
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+// the separate kernels' executor names a failed launch (csrc/cuda/ipc_kernels.h, failure())
+const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no error" : "a CUDA error (SIMT emulator)";
+}
 cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
-  *value = attr == cudaDevAttrMultiProcessorCount ? simtSms() : 0;
+  *value = attr == cudaDevAttrMultiProcessorCount ? kSimtSms : 0;
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }

@@ -41,8 +41,6 @@
 #include <cstring>
 #include <functional>
 
-#include "prefetch_hook.h"
-
 namespace qcomm {
 namespace simt {
 

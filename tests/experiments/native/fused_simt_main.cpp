@@ -1,11 +1,11 @@
-// The fused CUDA-IPC two_step kernel (csrc/cuda/ipc_two_step.cu), run by the SIMT emulator with
-// W ranks as host threads, each launching its blocks (256 threads each) over shared host buffers,
-// against the host emulation of the same protocol (csrc/ipc_host.cpp, which the CPU tests check
-// against the reference): every rank's result bit for bit, identical across ranks, the device
-// epoch words, several pieces per call and several calls carrying the epochs. Then a rank that
-// never comes: the others must give up within the spin bound and record why. Then the separate
-// kernels' copy and barrier kernels under the exchange's schedule (runExchange). Exits non-zero
-// on any difference, a missing error record, or an emulator error.
+// The fused CUDA-IPC two_step kernel (csrc/experiments/ipc_fused/ipc_two_step.cu), run by the
+// SIMT emulator with W ranks as host threads, each launching its blocks (256 threads each) over
+// shared host buffers, against the host emulation of the same protocol (fused_host.cpp, which the
+// CPU tests check against the reference): every rank's result bit for bit, identical across
+// ranks, the device epoch words and the profile counters, several pieces per call and several
+// calls carrying the epochs. Then a rank that never comes: the others must give up within the
+// spin bound and record why. Exits non-zero on any difference, a missing error record, or an
+// emulator error. Built and run by scripts/experiments_check.sh simt (QCOMM_EXPERIMENTS=1 only).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -17,13 +17,12 @@
 #include <thread>
 #include <vector>
 
-#include "../exchange_check.h"
 #include "codec/codec_cpu.h"
 #include "cuda/ipc_layout.h"
-#include "cuda/ipc_two_step.h"
+#include "experiments/ipc_fused/fused_host.h"
+#include "experiments/ipc_fused/fused_layout.h"
+#include "experiments/ipc_fused/ipc_two_step.h"
 #include "plan/plan.h"
-#include "prefetch_hook.h"
-#include "python/ipc_emulation.h"
 
 using namespace qcomm;
 
@@ -41,7 +40,6 @@ struct Case {
   int calls;
   int64_t tileElems = kIpcTileElems;  // QCOMM_IPC_TILE_ELEMS
   int taskWarps = kIpcBlockWarps;     // QCOMM_IPC_TASK_WARPS
-  bool prefetch = false;              // QCOMM_CUDA_PREFETCH=1
 };
 
 using Buffers = std::vector<std::vector<uint8_t>>;
@@ -120,19 +118,12 @@ bool runCase(const Case& k, std::mt19937& gen) {
     std::vector<std::vector<unsigned long long>> prof(
         size_t(W), std::vector<unsigned long long>(size_t(kIpcProfileSlots), 0ull));
     std::vector<std::thread> ranks;
-    // QCOMM_CUDA_PREFETCH=1 (Case::prefetch): every address the kernel prefetches (the input
-    // tile a task group encodes next) must lie in some rank's input tensor of the call
-    simt::prefetchRanges.clear();
-    for (const auto& d : kd) simt::prefetchRanges.emplace_back(d.data(), d.data() + d.size());
-    const int64_t prefetchesBefore = simt::prefetches, missesBefore = ipcEmulatedPrefetchMisses();
-    simt::prefetchHook = simt::checkPrefetch;
     for (int r = 0; r < W; ++r) {
       ranks.emplace_back([&, r]() {
         IpcTwoStepArgs a = ipcArgs(plan, r, g, kd[size_t(r)].data(), kp.data(),
                                    int64_t(120) * 1000000000, &kErr[size_t(r)]);
         a.smCount = k.blocks;
         a.taskWarps = k.taskWarps;
-        a.prefetch = k.prefetch ? 1 : 0;
         a.profile = prof[size_t(r)].data();
         if (gpu::ipcTwoStep(a, nullptr) != cudaSuccess) kErr[size_t(r)].code = 99;
       });
@@ -164,19 +155,6 @@ bool runCase(const Case& k, std::mt19937& gen) {
       });
     }
     for (auto& t : ranks) t.join();
-    simt::prefetchHook = nullptr;
-    // the kernel prefetched only inside the inputs, and (with prefetch) did prefetch; the host
-    // emulation encoded exactly the tiles the protocol named for prefetching
-    const int64_t named = simt::prefetches - prefetchesBefore;
-    const int64_t misses = ipcEmulatedPrefetchMisses() - missesBefore;
-    if (simt::strayPrefetches != 0 || (named > 0) != k.prefetch || misses != 0) {
-      std::fprintf(stderr,
-                   "call %d: %lld addresses prefetched (prefetch %d), %lld outside the inputs; "
-                   "%lld tiles named for prefetching were not the next encoded\n",
-                   call, (long long)named, int(k.prefetch), (long long)simt::strayPrefetches.load(),
-                   (long long)misses);
-      return false;
-    }
     for (int r = 0; r < W; ++r) {
       if (kErr[size_t(r)].code != 0 || hErr[size_t(r)].code != 0) {
         std::fprintf(stderr, "call %d rank %d: kernel error %u (%s), host error %u\n", call, r,
@@ -203,10 +181,10 @@ bool runCase(const Case& k, std::mt19937& gen) {
     }
   }
   std::printf(
-      "W=%d blocks=%d task_warps=%d prefetch=%d %s numel=%lld rs=%d ag=%d sym=%d stochastic=%d "
-      "avg=%d group=%d tile=%lld: %d calls, %lld pieces each, epoch %u: identical to the host "
+      "W=%d blocks=%d task_warps=%d %s numel=%lld rs=%d ag=%d sym=%d stochastic=%d avg=%d "
+      "group=%d tile=%lld: %d calls, %lld pieces each, epoch %u: identical to the host "
       "emulation\n",
-      W, k.blocks, k.taskWarps, int(k.prefetch),
+      W, k.blocks, k.taskWarps,
       k.dtype == kFloat32 ? "f32" : (k.dtype == kFloat16 ? "f16" : "bf16"), (long long)k.numel,
       k.rsBits, k.agBits, int(k.symmetric), int(k.stochastic), int(k.average), k.groupSize,
       (long long)k.tileElems, k.calls, (long long)pieces, epochWord(kernelBufs[0]));
@@ -262,62 +240,6 @@ bool runMissingRank() {
   return true;
 }
 
-// The separate kernels' executor the transport runs (gpu::ExchangeKernels: the copy and barrier
-// kernels), here run by the emulator, copy kernels of at most 3 blocks.
-struct KernelCopies : gpu::ExchangeKernels {
-  explicit KernelCopies(const IpcTwoStepArgs& args) : gpu::ExchangeKernels{args, nullptr, 3} {}
-};
-
-bool launchFailed(const KernelCopies& c) { return c.error != cudaSuccess; }
-void readPart(KernelCopies& c, uint8_t* into, const uint8_t* part, int64_t bytes) {
-  c.copy(into, part, bytes);  // the copy kernel, as a decode kernel would read it
-  c.flush();
-}
-
-// The separate kernels' exchange with the kernels above (tests/native/exchange_check.h: several
-// rounds per slot, or one left in the buffers, slots that are not whole 16-byte vectors, so both
-// of the copy kernel's paths run). Then a rank that never comes: the others' barrier kernels must
-// give up within the bound and record it (step 3).
-bool runExchange() {
-  const int W = 3;
-  if (!exchangeCalls<KernelCopies>("exchange kernels", W, 2048, {5000, 10008, 16, 4096, 2000})) {
-    return false;
-  }
-  const IpcExchangeGeometry g = ipcExchangeGeometry(W, kIpcDataOffset + 2 * W * 2048, nullptr);
-  Buffers bufs(size_t(W), std::vector<uint8_t>(size_t(kIpcDataOffset + 2 * g.halfBytes), 0));
-  std::vector<uint8_t*> p = pointers(bufs);
-  std::vector<IpcError> err(static_cast<size_t>(W));
-  // rank W-1 never comes
-  const int64_t timeoutNs = 300 * 1000000LL;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r + 1 < W; ++r) {
-    ranks.emplace_back([&, r]() {
-      IpcTwoStepArgs a{};
-      a.world = W;
-      a.rank = r;
-      for (int q = 0; q < W; ++q) a.buffers[q] = p[size_t(q)];
-      a.timeoutNs = timeoutNs;
-      a.hostError = &err[size_t(r)];
-      KernelCopies c{a};
-      ipc::Exchange<KernelCopies> x(c, g, c.a.buffers, r, W);
-      x.begin();
-    });
-  }
-  for (auto& t : ranks) t.join();
-  bool timedOutOnMissing = false;
-  for (int r = 0; r + 1 < W; ++r) {
-    const IpcError& e = err[size_t(r)];
-    if (e.code == 0 || e.step != 3u || e.rank != uint32_t(r)) {
-      std::fprintf(stderr, "exchange, missing rank: rank %d recorded code %u step %u\n", r, e.code,
-                   e.step);
-      return false;
-    }
-    timedOutOnMissing = timedOutOnMissing || (e.code == 1 && e.peer == uint32_t(W - 1));
-    std::printf("exchange kernels, missing rank: rank %d: %s\n", r, describeIpcError(e).c_str());
-  }
-  return timedOutOnMissing;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -327,15 +249,13 @@ int main(int argc, char** argv) {
   std::vector<Case> cases = {
       // world, blocks, dtype, numel, rs, ag, sym, stochastic, avg, group, data bytes, calls
       {2, 2, kFloat32, 70001, 8, 8, false, false, false, 128, 64 << 10, 3},
-      // QCOMM_CUDA_PREFETCH=1: the input tile each task group encodes next, asked of L2
-      {3, 2, kFloat32, 70001, 8, 8, false, false, false, 128, 64 << 10, 2, kIpcTileElems, 8, true},
+      {3, 2, kFloat32, 70001, 8, 8, false, false, false, 128, 64 << 10, 2},
       {4, 3, kBFloat16, 60000, 4, 8, true, false, false, 128, 64 << 10, 2},
       {3, 1, kFloat16, 25003, 8, 4, false, true, true, 64, 128 << 10, 2},
       // symmetric 8-bit fp32: copies whose groups reach FLT_MAX decode through the clamp
       {2, 3, kFloat32, 90001, 8, 8, true, false, false, 128, 256 << 10, 2, 16384},
-      // task groups of one warp (QCOMM_IPC_TASK_WARPS=1): 8 independent groups per block, which
-      // prefetch their own next tiles
-      {2, 2, kFloat32, 90001, 8, 8, false, false, false, 128, 256 << 10, 2, kIpcTileElems, 1, true},
+      // task groups of one warp (QCOMM_IPC_TASK_WARPS=1): 8 independent groups per block
+      {2, 2, kFloat32, 90001, 8, 8, false, false, false, 128, 256 << 10, 2, kIpcTileElems, 1},
       // groups of two warps: 4 per block, each at its own named barrier
       {4, 2, kBFloat16, 60000, 4, 8, true, false, true, 128, 64 << 10, 2, kIpcTileElems, 2},
   };
@@ -345,8 +265,7 @@ int main(int argc, char** argv) {
     cases.push_back({2, 4, kFloat32, 1000, 4, 4, false, false, true, 256, 64 << 10, 2});
     cases.push_back({3, 2, kBFloat16, 30000, 0, 8, false, false, false, 128, 256 << 10, 2});
     cases.push_back({4, 2, kBFloat16, 30001, 4, 4, true, false, true, 1024, 64 << 10, 2, 1024});
-    cases.push_back(
-        {3, 1, kFloat16, 25003, 8, 4, false, true, false, 64, 128 << 10, 2, 16384, 4, true});
+    cases.push_back({3, 1, kFloat16, 25003, 8, 4, false, true, false, 64, 128 << 10, 2, 16384, 4});
     // AVG over 3 ranks (a division that is not a power-of-two scaling) and stochastic rounding,
     // with one codec for both phases: the sums of whole slabs in registers (sumEncodeSlab)
     cases.push_back({3, 2, kFloat32, 70001, 8, 8, false, true, true, 128, 128 << 10, 2});
@@ -356,7 +275,5 @@ int main(int argc, char** argv) {
   }
   if (!runMissingRank()) return 1;
   std::printf("fused two_step kernel: all cases identical to the host emulation\n");
-  if (!runExchange()) return 1;
-  std::printf("separate kernels' exchange: every byte delivered\n");
   return 0;
 }

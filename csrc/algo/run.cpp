@@ -1,0 +1,53 @@
+// runAllreduce (algorithms.h): checks the call, runs its schedule, and names the step that failed.
+#include <c10/util/Exception.h>
+
+#include "algo/algorithms.h"
+#include "algo/schedule.h"
+#include "common/errors.h"
+#include "common/torch_dtype.h"
+
+namespace qcomm {
+namespace algo {
+void twoStep(Call& c);   // two_step.cpp
+void ring(Call& c);      // ring.cpp
+void semiRing(Call& c);  // semi_ring.cpp
+}  // namespace algo
+
+void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data) {
+  const std::string where = rankPrefix(t.rank(), plan.world) + "allreduce: ";
+  TORCH_CHECK_VALUE(plan.quantize, where, "the plan passes through (", plan.reason, ")");
+  TORCH_CHECK_VALUE(t.world() == plan.world, where, "a plan for ", plan.world,
+                    " ranks over a transport of ", t.world());
+  TORCH_CHECK_VALUE(data.is_contiguous() && data.numel() == plan.numel &&
+                        dtypeOf(data.scalar_type()) == plan.dtype,
+                    where, "expected a contiguous tensor of ", plan.numel,
+                    " elements of the plan's dtype, got ", data.sizes(), " ", data.scalar_type());
+  algo::Call c(plan, t, ops, data);
+  try {
+    switch (plan.algorithm) {
+      case kTwoStep:
+        algo::twoStep(c);
+        break;
+      case kRing:
+        algo::ring(c);
+        break;
+      case kSemiRing:
+        algo::semiRing(c);
+        break;
+      default:
+        TORCH_CHECK(false, "unknown algorithm ", plan.algorithm);
+    }
+    c.step = "the transfers still in flight";
+    t.finish();
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    if (msg.rfind("[qcomm rank", 0) == 0) throw;  // a transport error already says it all
+    TORCH_CHECK(false, where, c.step, " failed: ", msg);
+  } catch (const std::exception& e) {  // a codec kernel's launch, the IPC exchange's executor
+    const std::string msg = e.what();
+    if (msg.rfind("[qcomm rank", 0) == 0) throw;
+    TORCH_CHECK(false, where, c.step, " failed: ", msg);
+  }
+}
+
+}  // namespace qcomm

@@ -1,0 +1,108 @@
+// What the three schedules share (inside csrc/algo/): the pieces a chunk is cut into, the call's
+// buffers and pointers, and the gather phase (gather.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "codec/codec_ops.h"
+#include "plan/plan.h"
+#include "transport/transport.h"
+
+namespace qcomm {
+namespace algo {
+
+// a mod w in [0, w), for rank arithmetic that may go negative.
+inline int wrapRank(int a, int w) { return ((a % w) + w) % w; }
+
+// One allreduce call: the plan, the transport, the codec, the message, and the pieces each chunk
+// is cut into: the plan's microshards where the transport overlaps transfers with the codec,
+// else one (the whole chunk).
+struct Call {
+  Call(const Plan& p, Transport& tr, CodecOps& o, at::Tensor& d)
+      : plan(p),
+        t(tr),
+        ops(o),
+        data(d),
+        rank(tr.rank()),
+        world(p.world),
+        pieces(tr.overlapsCodec() ? p.microshards : 1),
+        pieceElems(pieces == p.microshards ? p.shardElems : p.chunkElems) {}
+
+  const Plan& plan;
+  Transport& t;
+  CodecOps& ops;
+  at::Tensor& data;
+  const int rank;
+  const int world;
+  const int pieces;
+  const int64_t pieceElems;
+  std::string step = "set-up";  // what runs now, for errors that do not say it themselves
+
+  // Piece k of chunk c: its absolute element range in the message (len 0 past the chunk's end).
+  ChunkRange piece(int c, int k) const {
+    return pieces == plan.microshards ? plan.shard(c, k) : plan.chunk(c);
+  }
+  // This rank's input at element `offset` (plan.dtype).
+  void* input(int64_t offset) const {
+    return static_cast<uint8_t*>(data.data_ptr()) + offset * dtypeBytes(plan.dtype);
+  }
+  float* inputFloats(int64_t offset) const { return static_cast<float*>(input(offset)); }
+  // fp32 messages keep their partial sums in place, in the chunk's own elements: each rank adds
+  // its input to a chunk once, so that input is not needed again. Others sum in an fp32 scratch.
+  bool inPlace() const { return plan.dtype == kFloat32; }
+  // The encoded bytes of a piece (a reduce or gather unit), and its slot: 16-byte aligned.
+  int64_t bytes(int64_t elems, const CodecSpec& c) const { return encodedBytes(elems, c); }
+  int64_t unit(const CodecSpec& c) const { return alignUp16(encodedBytes(pieceElems, c)); }
+  // Encoded length of piece k of every chunk.
+  std::vector<int64_t> pieceBytes(int k, const CodecSpec& c) const {
+    std::vector<int64_t> b(static_cast<size_t>(world));
+    for (int j = 0; j < world; ++j) b[size_t(j)] = encodedBytes(piece(j, k).len, c);
+    return b;
+  }
+  at::Tensor byteBuffer(int64_t n) const { return at::empty({n}, data.options().dtype(at::kByte)); }
+  at::Tensor floatBuffer(int64_t n) const {
+    return at::empty({n}, data.options().dtype(at::kFloat));
+  }
+  static uint8_t* at(const at::Tensor& t, int64_t offset) { return t.data_ptr<uint8_t>() + offset; }
+};
+
+// The gather phase every schedule ends with: as soon as a piece of this rank's own chunk is
+// summed, it is divided (AVG), encoded with the gather codec and sent to every rank, and decoded
+// into place from those same bytes (the owner never keeps its private fp32 sum: DESIGN invariant
+// 1); every peer's pieces are decoded into place as they arrive. Its exchanges are declared when
+// it is built, so that over a transport that overlaps the codec the receives are posted before
+// the reduce phase starts.
+class GatherPhase {
+ public:
+  // send: pieces x the gather unit; recv: pieces x W units; scratch: fp32, a piece long (where
+  // the message is not fp32). tagBase: the first tag this phase may use.
+  GatherPhase(Call& c, at::Tensor send, at::Tensor recv, float* scratch, int tagBase);
+
+  // Piece k of this rank's chunk is summed in `sum` (fp32, the piece's length; it may be
+  // modified). Call it for every piece, also an empty one.
+  void ownPieceReady(int k, float* sum);
+
+  // Decodes every peer's pieces as they arrive.
+  void finish();
+
+  // A world of one, where the rings have no hop: the sum of each piece is the input itself.
+  void fromInput();
+
+ private:
+  // Decodes the gather-phase bytes of `range` into the message (through the scratch for fp16 and
+  // bf16).
+  void decodeToOutput(const uint8_t* bytes, ChunkRange range);
+
+  Call& c_;
+  at::Tensor send_, recv_;
+  float* scratch_;
+  int64_t unit_;
+  std::vector<int> ids_;  // the exchange of piece k
+};
+
+}  // namespace algo
+}  // namespace qcomm

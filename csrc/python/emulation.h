@@ -1,0 +1,53 @@
+// Helpers of the test hooks (testing.cpp, testing_fused.cpp): the codec's dtype of a tensor, and
+// the plan of a CUDA-IPC call emulated on host memory.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "common/torch_dtype.h"
+#include "plan/plan.h"
+#include "python/convert.h"
+
+namespace qcomm {
+
+inline int32_t dtypeCode(at::ScalarType t) {
+  const int32_t code = dtypeOf(t);
+  TORCH_CHECK_VALUE(code >= 0, "[qcomm] codec: dtype ", t, " is not fp32, fp16 or bf16");
+  return code;
+}
+
+// The plan of an emulated CUDA-IPC call: one contiguous CPU input and one equal uint8 buffer per
+// rank (at least 2), a config that quantizes with two_step without rotation.
+inline Plan emulatedPlan(const char* what, const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& buffers, pybind11::tuple cfg, bool average,
+                         uint32_t callSeq) {
+  const int world = int(inputs.size());
+  TORCH_CHECK_VALUE(world >= 2 && buffers.size() == inputs.size(), what,
+                    ": one input and one buffer per rank, at least 2 ranks");
+  const QuantConfig c = configFromTuple(cfg);
+  CallFacts f;
+  f.numel = inputs[0].numel();
+  f.dtype = dtypeCode(inputs[0].scalar_type());
+  f.opSum = !average;
+  f.opAvg = average;
+  f.world = world;
+  for (int r = 0; r < world; ++r) {
+    TORCH_CHECK_VALUE(inputs[r].device().is_cpu() && inputs[r].is_contiguous() &&
+                          inputs[r].numel() == f.numel &&
+                          inputs[r].scalar_type() == inputs[0].scalar_type(),
+                      what, ": contiguous CPU inputs of one dtype and numel");
+    TORCH_CHECK_VALUE(buffers[r].scalar_type() == at::kByte && buffers[r].is_contiguous() &&
+                          buffers[r].numel() == buffers[0].numel(),
+                      what, ": equal contiguous uint8 buffers");
+  }
+  Plan plan = makePlan(f, c);
+  TORCH_CHECK_VALUE(plan.quantize && plan.algorithm == kTwoStep && !plan.rotate, what,
+                    ": the config must quantize with two_step, no rotation");
+  plan.callSeq = callSeq;
+  return plan;
+}
+
+}  // namespace qcomm

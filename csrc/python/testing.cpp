@@ -1,0 +1,347 @@
+// qcomm._C._testing (testing.h): the codec entry points the tests compare against
+// qcomm/reference.py, the collective schedule over the inner backend (what CUDA tensors run) on any
+// device, the CUDA-IPC exchange emulated on host memory, a wire-recording backend, and switches the
+// tests and benchmarks flip. Nothing here is part of the public API.
+#include "python/testing.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include <thread>
+
+#include "algo/algorithms.h"
+#include "backend/backend.h"
+#include "codec/codec_cpu.h"
+#include "codec/codec_ops.h"
+#include "common/errors.h"
+#include "common/settings.h"
+#include "common/torch_dtype.h"
+#include "cuda/ipc_layout.h"
+#include "python/convert.h"
+#include "python/emulation.h"
+#include "python/holder.h"
+#include "python/ipc_emulation.h"
+#include "python/recording_backend.h"
+#include "transport/c10d_transport.h"
+#include "transport/ipc_exchange.h"
+#ifdef QCOMM_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/cuda_codec_ops.h"
+#endif
+
+namespace py = pybind11;
+
+namespace qcomm {
+
+#ifdef QCOMM_WITH_CUDA
+void registerCudaTesting(py::module& m);  // cuda_testing.cpp
+#endif
+#ifdef QCOMM_EXPERIMENTS
+void registerFusedTesting(py::module& m);  // testing_fused.cpp
+#endif
+
+namespace {
+
+CodecSpec makeSpec(int bits, int groupSize, bool symmetric, at::ScalarType raw) {
+  QuantConfig probe;
+  probe.rsBits = bits;
+  probe.groupSize = groupSize;
+  validateConfig(probe);
+  return CodecSpec{bits, groupSize, symmetric ? 1 : 0, dtypeCode(raw)};
+}
+
+// No noise (round to nearest) when salt is None.
+Noise noiseOf(const py::object& salt, int64_t base) {
+  return Noise{salt.is_none() ? 0u : salt.cast<uint32_t>(), base, salt.is_none() ? 0 : 1};
+}
+
+// The CodecOps of memory on `device`: the CPU loops, or the CUDA kernels on the device's current
+// stream.
+std::unique_ptr<CodecOps> codecOpsFor(const c10::Device& device) {
+  if (device.is_cpu()) return std::make_unique<CpuCodecOps>();
+#ifdef QCOMM_WITH_CUDA
+  if (device.is_cuda()) {
+    return makeCudaCodecOps(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  }
+#endif
+  TORCH_CHECK_VALUE(false, "[qcomm] no codec for tensors on ", device,
+                    device.is_cuda() ? " (this build of qcomm has no CUDA kernels)" : "");
+}
+
+// Encode a 1-D CPU tensor with one codec: returns the wire bytes.
+at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmetric,
+                       py::object noiseSalt, int64_t noiseBase) {
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "[qcomm] codec: CPU tensors only");
+  at::Tensor c = x.contiguous().view({-1});
+  const CodecSpec spec = makeSpec(bits, groupSize, symmetric, c.scalar_type());
+  at::Tensor out = at::empty({encodedBytes(c.numel(), spec)}, at::kByte);  // every byte is written
+  const Noise noise = noiseOf(noiseSalt, noiseBase);
+  encodeBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec, out.data_ptr<uint8_t>(),
+              noise);
+  return out;
+}
+
+// Decode wire bytes of n elements to fp32.
+at::Tensor codecDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSize, bool symmetric,
+                       at::ScalarType raw) {
+  const CodecSpec spec = makeSpec(bits, groupSize, symmetric, raw);
+  TORCH_CHECK_VALUE(bytes.scalar_type() == at::kByte && bytes.numel() == encodedBytes(n, spec),
+                    "[qcomm] codec: expected ", encodedBytes(n, spec), " bytes");
+  at::Tensor b = bytes.contiguous();
+  at::Tensor out = at::empty({n}, at::kFloat);
+  decodeBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>(), false);
+  return out;
+}
+
+// One ring hop through the CodecOps of local's device (CPU loops or CUDA kernels on the current
+// stream): partial = decode(src) + local, dst = encode(partial). Both codecs carry local's dtype
+// as their raw dtype, as a plan's do. Returns (partial, dst).
+std::tuple<at::Tensor, at::Tensor> codecOpsHop(const at::Tensor& src, int inBits,
+                                               const at::Tensor& local, int outBits, int groupSize,
+                                               bool symmetric, py::object noiseSalt,
+                                               int64_t noiseBase) {
+  const c10::DeviceGuard guard(local.device());
+  at::Tensor l = local.contiguous().view({-1});
+  const int64_t n = l.numel();
+  const CodecSpec in = makeSpec(inBits, groupSize, symmetric, l.scalar_type());
+  const CodecSpec out = makeSpec(outBits, groupSize, symmetric, l.scalar_type());
+  TORCH_CHECK_VALUE(src.device() == l.device() && src.scalar_type() == at::kByte &&
+                        src.numel() == encodedBytes(n, in),
+                    "[qcomm] hop: expected ", encodedBytes(n, in), " bytes on ", l.device());
+  at::Tensor s = src.contiguous();
+  at::Tensor partial = at::empty({n}, l.options().dtype(at::kFloat));
+  at::Tensor dst = at::empty({encodedBytes(n, out)}, l.options().dtype(at::kByte));
+  codecOpsFor(l.device())
+      ->decodeAddEncode(s.data_ptr<uint8_t>(), in, l.data_ptr(), in.rawDtype, n,
+                        partial.data_ptr<float>(), out, dst.data_ptr<uint8_t>(),
+                        noiseOf(noiseSalt, noiseBase));
+  return {partial, dst};
+}
+
+// fp32 -> dtype and back through the shared header's converters (compared with torch's casts).
+at::Tensor castFloat(const at::Tensor& x, at::ScalarType to) {
+  at::Tensor c = x.contiguous().to(at::kFloat);
+  at::Tensor out = at::empty(c.sizes(), to);
+  castFromFloat(c.data_ptr<float>(), c.numel(), dtypeCode(to), out.data_ptr());
+  return out;
+}
+
+at::Tensor castToFloatT(const at::Tensor& x) {
+  at::Tensor c = x.contiguous();
+  at::Tensor out = at::empty(c.sizes(), at::kFloat);
+  castToFloat(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), out.data_ptr<float>());
+  return out;
+}
+
+// An allreduce of `t` (SUM, or AVG) with the schedule CUDA tensors take: one collective per
+// exchange over be.inner(t.is_cuda()), chunks whole, the CodecOps of t's device (CUDA: the
+// current stream); planned as QncclBackend::allreduce plans it; the result lands in t, which is
+// returned. callSeq < 0 takes the backend's next sequence number without advancing it, so a
+// following dist.all_reduce rounds with the same noise. forceWorld1 plans a world-size-1 group as
+// if it were quantized (one chunk), the only case a single GPU can run over NCCL.
+at::Tensor collectiveAllreduce(QncclBackend& be, at::Tensor t, bool avg, bool forceWorld1,
+                               int64_t callSeq, std::chrono::milliseconds timeout) {
+  const std::string where =
+      rankPrefix(be.getRank(), be.getSize()) + "collective_allreduce_for_test: ";
+  Plan plan;
+  if (forceWorld1) {
+    TORCH_CHECK_VALUE(be.getSize() == 1, where, "force_world1 needs a group of one rank, not ",
+                      be.getSize());
+    CallFacts f;
+    f.numel = t.numel();
+    f.dtype = dtypeOf(t.scalar_type());
+    f.opSum = !avg;
+    f.opAvg = avg;
+    f.world = 1;
+    TORCH_CHECK_VALUE(f.dtype >= 0 && f.numel > 0 && t.layout() == at::kStrided, where,
+                      "needs a non-empty dense fp32, fp16 or bf16 tensor");
+    plan = quantizedPlan(f, be.getConfig());
+  } else {
+    plan = be.planFor(t, c10d::ReduceOp(avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM));
+  }
+  TORCH_CHECK_VALUE(plan.quantize, where, "this allreduce would pass through (", plan.reason, ")");
+  TORCH_CHECK_VALUE(!plan.rotate, rankPrefix(be.getRank(), be.getSize()),
+                    "allreduce: rotate=True is not supported by the collective (NCCL) path yet; "
+                    "set QuantConfig(rotate=False) for this group");
+  plan.callSeq = callSeq >= 0 ? uint32_t(callSeq) : be.nextCallSeq();
+  c10::intrusive_ptr<c10d::Backend> inner = be.inner(t.is_cuda());
+  TORCH_CHECK_VALUE(inner, where, "the group has no inner backend for ", t.device());
+  const c10::DeviceGuard guard(t.device());
+  at::Tensor buf = t.contiguous();
+  std::unique_ptr<CodecOps> ops = codecOpsFor(t.device());
+  C10dTransport transport(inner.get(), be.getRank(), plan.world, timeout,
+                          C10dTransport::kCollectives, t.is_cuda());
+  runAllreduce(plan, transport, *ops, buf);
+  if (!buf.is_same(t)) t.copy_(buf);
+  return t;
+}
+
+// CPU memory that this thread allocated through c10's CPU allocator (at::empty) while
+// ipc_separate_emulate counts: a call must allocate nothing once its first exchange has begun
+// (with CUDA IPC and ranks as threads, an allocation that synchronises the device could wait for
+// a peer's barrier kernel, which waits for this rank; the schedules allocate first).
+thread_local int64_t tlCpuAllocations = 0;
+
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t n) override {
+    ++tlCpuAllocations;
+    return base_->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base_->copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* base_;
+};
+
+// Counts through CountingCpuAllocator while it lives (the highest priority, so that it is the
+// allocator at::empty takes; the one before it restored at that priority).
+class CountCpuAllocations {
+ public:
+  CountCpuAllocations() : before_(c10::GetCPUAllocator()), counting_(before_) {
+    c10::SetCPUAllocator(&counting_, kPriority);
+  }
+  ~CountCpuAllocations() { c10::SetCPUAllocator(before_, kPriority); }
+  CountCpuAllocations(const CountCpuAllocations&) = delete;
+  CountCpuAllocations& operator=(const CountCpuAllocations&) = delete;
+
+ private:
+  static constexpr uint8_t kPriority = 255;
+  c10::Allocator* before_;
+  CountingCpuAllocator counting_;
+};
+
+// The host executor of the exchange, which also notes this thread's allocation count when its
+// first barrier (the start of the call's first exchange) runs.
+struct CountingHostCopies : HostCopies {
+  int64_t atFirstBarrier = -1;
+  bool barrier(uint32_t index) {
+    if (atFirstBarrier < 0) atFirstBarrier = tlCpuAllocations;
+    return HostCopies::barrier(index);
+  }
+};
+
+// two_step over CUDA IPC with the separate kernels (QCOMM_IPC_KERNELS=separate) run on host
+// memory: the algorithm's schedule with the CPU codec, its exchanges copied through `buffers` (one
+// zeroed byte tensor per rank, kept across calls so the barrier counts carry on) by the schedule
+// of ipc_exchange.h, one thread per rank of `ranks` (default all), in place on `inputs`.
+std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
+                                           std::vector<at::Tensor> buffers, py::tuple cfg,
+                                           bool average, uint32_t callSeq, int64_t timeoutMs,
+                                           std::vector<int> ranks) {
+  const int world = int(inputs.size());
+  const Plan plan = emulatedPlan("ipc_separate_emulate", inputs, buffers, cfg, average, callSeq);
+  std::string why;
+  const IpcExchangeGeometry g = ipcExchangeGeometry(world, buffers[0].numel(), &why);
+  TORCH_CHECK_VALUE(why.empty(), "ipc_separate_emulate: ", why);
+  if (ranks.empty()) {
+    for (int r = 0; r < world; ++r) ranks.push_back(r);
+  }
+  IpcError error{};
+  std::vector<uint8_t*> bufferPtrs;
+  for (auto& b : buffers) bufferPtrs.push_back(b.data_ptr<uint8_t>());
+  std::vector<std::string> failed(ranks.size());
+  {
+    py::gil_scoped_release noGil;
+    const CountCpuAllocations counting;
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      threads.emplace_back([&, i]() {
+        const int r = ranks[i];
+        try {
+          IpcPeers peers{};
+          for (int q = 0; q < world; ++q) peers.buffers[q] = bufferPtrs[size_t(q)];
+          peers.world = world;
+          peers.rank = r;
+          peers.timeoutNs = timeoutMs * 1000000;
+          peers.hostError = &error;
+          CountingHostCopies copies;
+          copies.peers = peers;
+          IpcExchangeTransport<CountingHostCopies> t(copies, g, bufferPtrs.data(), r, world);
+          CpuCodecOps ops;
+          const int64_t before = tlCpuAllocations;
+          runAllreduce(plan, t, ops, inputs[r]);
+          const int64_t first = t.executor().atFirstBarrier;
+          const int64_t late = first < 0 ? 0 : tlCpuAllocations - first;
+          TORCH_CHECK(first >= before, "no exchange began");
+          TORCH_CHECK(late == 0, rankPrefix(r, world), "ipc_separate_emulate: the call allocated ",
+                      late, " time(s) after its first exchange began");
+        } catch (const std::exception& e) {
+          failed[i] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error));
+  for (const std::string& f : failed) TORCH_CHECK(f.empty(), f);
+  return inputs;
+}
+
+}  // namespace
+
+void registerTesting(py::module& m, py::object backendBase) {
+  m.def("codec_encode", &codecEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
+        py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
+  m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
+        py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat);
+  m.def("encoded_bytes", [](int64_t n, int bits, int groupSize, bool symmetric) {
+    return encodedBytes(n, CodecSpec{bits, groupSize, symmetric ? 1 : 0, kFloat32});
+  });
+  m.def("codec_ops_hop", &codecOpsHop, py::arg("src"), py::arg("in_bits"), py::arg("local"),
+        py::arg("out_bits"), py::arg("group_size"), py::arg("symmetric"),
+        py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
+  m.def("noise_salt", &noiseSalt, py::arg("call_seq"), py::arg("rank"), py::arg("phase"));
+  m.def("cast_from_float", &castFloat, py::arg("x"), py::arg("dtype"));
+  m.def("cast_to_float", &castToFloatT, py::arg("x"));
+  // the CPU codec loops' instruction set, switched (tests and benchmarks compare them; users set
+  // QCOMM_CPU_ISA)
+  m.def("set_cpu_isa", &setCpuIsa, py::arg("name"));
+  m.def("live_backends", &QncclBackend::liveCount,
+        "QncclBackend objects alive in this process (for tests of group destruction)");
+  m.def("reload_settings", &settings::reload,
+        "forget the process-scoped settings read so far (tests that change the environment)");
+  m.def("collective_allreduce_for_test", &collectiveAllreduce, py::arg("backend"),
+        py::arg("tensor"), py::arg("avg") = false, py::arg("force_world1") = false,
+        py::arg("call_seq") = -1, py::arg("timeout") = std::chrono::milliseconds(300000),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("ipc_separate_emulate", &ipcSeparateEmulate, py::arg("inputs"), py::arg("buffers"),
+        py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,
+        py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{});
+  m.def(
+      "ipc_exchange_geometry",
+      [](int world, int64_t bufferBytes) {
+        std::string why;
+        const IpcExchangeGeometry g = ipcExchangeGeometry(world, bufferBytes, &why);
+        py::dict d;
+        d["half_bytes"] = g.halfBytes;
+        d["round_bytes"] = g.roundBytes;
+        d["data_offset"] = kIpcDataOffset;
+        d["error"] = why;
+        return d;
+      },
+      py::arg("world"), py::arg("buffer_bytes"));
+  py::class_<RecordingBackend, NoGilPtr<RecordingBackend>>(m, "RecordingBackend", backendBase)
+      .def(py::init([](py::object inner) {
+             return c10::make_intrusive<RecordingBackend>(backendOf(inner));
+           }),
+           py::arg("inner"))
+      .def("log", &RecordingBackend::log)
+      .def("clear", &RecordingBackend::clear);
+#ifdef QCOMM_WITH_CUDA
+  registerCudaTesting(m);
+#endif
+#ifdef QCOMM_EXPERIMENTS
+  registerFusedTesting(m);
+#endif
+}
+
+}  // namespace qcomm

@@ -1,0 +1,271 @@
+"""What the CUDA-IPC tests share (tests/transport/test_ipc_exchange.py, tests/cuda/
+test_cuda_allreduce.py and the fused experiment's tests/experiments/test_ipc_fused.py): the cases,
+the inputs and the bitwise comparison, the matrix of emulated calls checked against
+qcomm/reference.py, and the ranks' workers of the GPU tests.
+
+The GPU workers run on ranks that are processes sharing one GPU (NCCL refuses two ranks on one
+GPU; CUDA IPC does not), so nothing they do is timed. Every result must equal the reference bit
+for bit (so every rank holds the same bits, and the CPU path's), lie within the codec's bound of
+the exact sum, and land in place. A test module outside this folder puts it on sys.path first
+(spawned ranks inherit the path, so they find the workers too)."""
+
+import itertools
+import os
+
+import torch
+import torch.distributed as dist
+
+import qcomm
+from qcomm import reference as ref
+
+from dist_util import run_ranks
+
+# the quantized CUDA path is opt-in (README, "CUDA tensors")
+ENV = {"QCOMM_CUDA_QUANTIZE": "1", "QCOMM_IPC_SPIN_TIMEOUT_MS": "20000"}
+
+BITS = [(8, 8), (4, 8), (4, 4), (None, 8), (8, None)]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+EMULATED_CASES = list(itertools.product(BITS, DTYPES, [1, 7, 1000, 65539]))
+
+
+def two_step(rs, ag, symmetric=False, stochastic=False):
+    return qcomm.QuantConfig(
+        algorithm="two_step",
+        rs_bits=rs,
+        ag_bits=ag,
+        min_bytes=0,
+        symmetric=symmetric,
+        stochastic_rounding=stochastic,
+    )
+
+
+def inputs(world, numel, dtype, seed):
+    xs = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(seed * 1000 + r)
+        xs.append(torch.randn(numel, generator=g).to(dtype))
+    return xs
+
+
+def same_bits(a, b):
+    na, nb = torch.isnan(a), torch.isnan(b)
+    return torch.equal(na, nb) and torch.equal(a[~na], b[~nb])
+
+
+def emulated_matrix(world, emulate):
+    """Every bit pair, dtype and size of EMULATED_CASES (AVG, symmetric scales and stochastic
+    rounding in some) through emulate(xs, rs, ag, avg, sym, sr, i), bit for bit against the
+    reference on every rank; the problems found."""
+    problems = []
+    for i, ((rs, ag), dtype, numel) in enumerate(EMULATED_CASES):
+        xs = inputs(world, numel, dtype, i)
+        avg, sym, sr = i % 3 == 0, i % 5 == 1, i % 7 == 2
+        outs = emulate(xs, rs, ag, avg, sym, sr, i)
+        want = ref.allreduce(
+            xs, "two_step", rs, ag, average=avg, symmetric=sym, stochastic_seq=i if sr else None
+        ).out
+        for r, o in enumerate(outs):
+            if not same_bits(o, want):
+                problems.append(
+                    f"rs={rs} ag={ag} {dtype} n={numel} avg={avg} sym={sym} sr={sr} rank {r}: "
+                    f"{int((o != want).sum())} elements differ"
+                )
+    return problems
+
+
+def assert_no_problems(worker, world, *args, timeout, env):
+    """Run `worker` on `world` ranks; each returns a list of problems; none may have any."""
+    problems = run_ranks(worker, world, *args, timeout=timeout, env=env)
+    flat = sorted(set(p for ps in problems for p in ps))
+    assert not flat, "\n".join(flat[:30])
+
+
+# ---- the ranks' workers of the GPU tests (QCOMM_IPC_KERNELS from the test's env) ----
+
+
+def case(
+    rank,
+    world,
+    rs,
+    ag,
+    dtype,
+    numel,
+    seed,
+    average=False,
+    symmetric=False,
+    stochastic=False,
+    async_op=False,
+):
+    cfg = two_step(rs, ag, symmetric, stochastic)
+    qcomm.set_config(cfg)
+    xs = inputs(world, numel, dtype, seed)
+    x = xs[rank].cuda()
+    seq = qcomm.stats()["next_call_seq"]
+    op = dist.ReduceOp.AVG if average else dist.ReduceOp.SUM
+    work = dist.all_reduce(x, op=op, async_op=async_op)
+    if async_op:
+        work.wait()  # the current stream waits; the host does not
+    got = x.cpu()
+    name = (
+        f"rs={rs} ag={ag} {dtype} n={numel} avg={average} sym={symmetric} "
+        f"sr={stochastic} async={async_op}"
+    )
+    r = ref.allreduce(
+        xs,
+        "two_step",
+        rs,
+        ag,
+        symmetric=symmetric,
+        average=average,
+        stochastic_seq=seq if stochastic else None,
+    )
+    problems = []
+    if not same_bits(got, r.out):
+        diff = (got.double() - r.out.double()).abs().max().item()
+        bad = int((got != r.out).sum())
+        problems.append(f"{name}: differs from the reference at {bad} elements (max {diff})")
+    elif not bool(((got.double() - r.exact).abs() <= r.bound).all()):
+        problems.append(f"{name}: outside the codec's bound")
+    return problems
+
+
+def matrix_worker(rank, world):
+    torch.cuda.set_device(0)
+    problems = []
+    i = 0
+    for (rs, ag), dtype, numel in itertools.product(BITS, DTYPES, [1, 7, 1000, 65539]):
+        i += 1
+        problems += case(rank, world, rs, ag, dtype, numel, i)
+    chosen = qcomm.cuda_transport()
+    if chosen["transport"] != "ipc" or chosen["kernels"] != os.environ.get(
+        "QCOMM_IPC_KERNELS", "separate"
+    ):
+        problems.append(f"transport is {chosen}")
+    # AVG, symmetric, stochastic rounding, async on the side stream, a large message
+    problems += case(rank, world, 8, 8, torch.float32, 4099, 101, average=True)
+    problems += case(rank, world, 4, 8, torch.bfloat16, 5000, 102, symmetric=True)
+    problems += case(rank, world, 4, 4, torch.float32, 9000, 103, stochastic=True)
+    problems += case(rank, world, 8, 8, torch.bfloat16, 3 * 2**20 + 5, 104, async_op=True)
+    problems += case(rank, world, 4, 8, torch.float16, 2**22, 105, average=True)
+    return problems
+
+
+def pieces_worker(rank, world):
+    # with QCOMM_IPC_BUFFER_MB=1: each exchange of the separate kernels takes many rounds (a
+    # 4M-element message runs as many pieces of the fused kernel, its epochs advancing per piece)
+    torch.cuda.set_device(0)
+    problems = []
+    for seed, (dtype, numel) in enumerate([(torch.float32, 2**22 + 77), (torch.bfloat16, 300001)]):
+        problems += case(rank, world, 8, 8, dtype, numel, 300 + seed)
+        problems += case(rank, world, 4, 8, dtype, numel, 400 + seed, average=True)
+    if os.environ.get("QCOMM_IPC_PROFILE") == "1":
+        # profiled (the fused experiment): the results above are unchanged, and every phase of
+        # the fused kernel counted
+        torch.cuda.synchronize()
+        prof = qcomm.cuda_ipc_profile()
+        if prof.get("runs", 0) <= 0 or any(v <= 0 for v in prof.values()):
+            problems.append(f"profile: {prof}")
+    return problems
+
+
+def semantics_worker(rank, world):
+    torch.cuda.set_device(0)
+    problems = []
+    qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
+    xs = inputs(world, 64 * 64, torch.float32, 7)
+    want = ref.allreduce([x.view(64, 64).t().contiguous().flatten() for x in xs]).out
+    # in place on a non-contiguous view, async: Work, future and stream order
+    m = xs[rank].cuda().view(64, 64)
+    view = m.t()
+    work = dist.all_reduce(view, async_op=True)
+    fut = work.get_future()
+    work.wait()
+    after = (view * 1).contiguous().flatten().cpu()  # enqueued after wait(): must see the result
+    if not torch.equal(after, want.view(64, 64).flatten()):
+        problems.append("async non-contiguous: wrong result after wait()")
+    if not torch.equal(fut.wait()[0].contiguous().flatten().cpu(), want.view(64, 64).flatten()):
+        problems.append("the future's value is not the result")
+    torch.cuda.synchronize()
+    if not work.is_completed():
+        problems.append("work not completed after synchronize")
+    # a rank whose call differs: both raise, naming the field, and the group stays usable
+    x = torch.ones(1000 + rank, device="cuda")
+    try:
+        dist.all_reduce(x)
+        problems.append("a numel mismatch did not raise")
+    except RuntimeError as e:
+        if "numel" not in str(e):
+            problems.append(f"mismatch error does not name numel: {e}")
+    problems += case(rank, world, 8, 8, torch.float32, 1000, 9)
+    # without the opt-in a CUDA allreduce is NCCL's (qcomm.plan says why). A process setting:
+    # read once, so the test makes the reader forget it around the change
+    os.environ.pop("QCOMM_CUDA_QUANTIZE")
+    qcomm._C._testing.reload_settings()
+    p = qcomm.plan(torch.ones(1 << 20, device="cuda"))
+    if p["quantize"] or "QCOMM_CUDA_QUANTIZE" not in p["reason"]:
+        problems.append(f"plan without the opt-in: {p}")
+    os.environ["QCOMM_CUDA_QUANTIZE"] = "1"
+    qcomm._C._testing.reload_settings()
+    return problems
+
+
+def setup_worker(rank, world, settings):
+    # per-rank transport settings, read at the group's first quantized CUDA allreduce; returns
+    # what each rank raised (or "" when nothing) and the transport it reports
+    torch.cuda.set_device(0)
+    for k, v in settings[rank].items():
+        os.environ[k] = v
+    qcomm.set_config(two_step(8, 8))
+    x = torch.ones(4096, device="cuda")
+    raised = ""
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 (what each rank raised is the result)
+        raised = f"{type(e).__name__}: {e}"
+    return {"raised": raised, **qcomm.cuda_transport()}
+
+
+def assert_settings_differ_refused(name, values):
+    """A setting every rank must share, different on two ranks: IPC is refused on every rank,
+    naming the setting."""
+    got = run_ranks(setup_worker, 2, [{name: v} for v in values], timeout=180, env=ENV)
+    for g in got:
+        assert g["transport"] == "nccl" and f"{name} differs" in g["note"], got
+        # then NCCL runs it, and NCCL refuses two ranks on one GPU: that, or nothing, is raised
+        assert not g["raised"] or "nccl" in g["raised"].lower(), got
+
+
+def assert_invalid_setting_refused(name, value):
+    """An invalid setting on one rank: it raises a ValueError naming it, the other raises too."""
+    got = run_ranks(setup_worker, 2, [{}, {name: value}], timeout=180, env=ENV)
+    assert "ValueError" in got[1]["raised"] and name in got[1]["raised"], got
+    assert "rank 1 has an invalid" in got[0]["raised"], got
+
+
+def graph_worker(rank, world, replays):
+    torch.cuda.set_device(0)
+    cfg = qcomm.QuantConfig(rs_bits=8, ag_bits=8, min_bytes=0)
+    qcomm.set_config(cfg)
+    numel = 10007
+    static = torch.zeros(numel, device="cuda")
+    dist.all_reduce(static)  # warm-up: sets up the transport outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(static)
+    problems = []
+    for i in range(replays):
+        xs = inputs(world, numel, torch.float32, 1000 + i)
+        static.copy_(xs[rank].cuda())
+        graph.replay()
+        got = static.cpu()
+        want = ref.allreduce(xs).out
+        if not torch.equal(got, want):
+            problems.append(
+                f"replay {i}: differs from the reference at {int((got != want).sum())} elements"
+            )
+            break
+    # the group still runs eager calls after the replays (the epochs stayed in step)
+    problems += case(rank, world, 8, 8, torch.float32, 5000, 77)
+    return problems

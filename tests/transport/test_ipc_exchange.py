@@ -1,0 +1,98 @@
+"""The CUDA-IPC transport's exchange (csrc/transport/ipc_exchange.h, the separate kernels of
+QCOMM_IPC_KERNELS=separate) on the CPU, every run: its geometry (csrc/cuda/ipc_layout.cpp); the
+collective path's two_step with the CPU codec (bit-identical to the CUDA kernels) with its bytes
+moved through host buffers by the exchange's copy schedule and the barrier of
+csrc/cuda/ipc_barrier.h, one thread per rank (csrc/python/ipc_emulation.*), bit for bit against
+qcomm/reference.py; a rank that never comes; and ThreadSanitizer over the same exchange
+(scripts/tsan_ipc.sh). The kernels themselves run under the SIMT emulator in
+tests/cuda/test_simt_emulation.py and on a GPU in tests/cuda/test_cuda_allreduce.py."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from ipc_cases import EMULATED_CASES, emulated_matrix, inputs, two_step
+
+import qcomm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_ipc_exchange_geometry_fits_the_buffer(world):
+    for mib_bytes in [kib << 10 for kib in (257, 300, 1024, 32 << 10)]:
+        g = qcomm._C._testing.ipc_exchange_geometry(world, mib_bytes)
+        assert g["error"] == "", g
+        assert g["round_bytes"] % 16 == 0 and g["round_bytes"] >= 16
+        assert world * g["round_bytes"] <= g["half_bytes"]
+        assert g["data_offset"] + 2 * g["half_bytes"] <= mib_bytes
+        # the rounds use the buffer: less than one more part per rank would fit
+        assert world * (g["round_bytes"] + 16) > g["half_bytes"]
+    g = qcomm._C._testing.ipc_exchange_geometry(world, 256 << 10)  # only the flags fit
+    assert g["round_bytes"] == 0 and "QCOMM_IPC_BUFFER_MB" in g["error"], g
+    assert "at most 8 ranks" in qcomm._C._testing.ipc_exchange_geometry(9, 32 << 20)["error"]
+
+
+def _emulate_separate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0):
+    cfg = two_step(rs, ag, symmetric, stochastic)
+    outs = [x.clone() for x in xs]
+    qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.as_tuple(), average, seq)
+    return outs
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_ipc_separate_kernels_emulated_match_the_reference(world):
+    # the collective path's two_step (the CPU codec standing in for the CUDA kernels, which are
+    # bit-identical to it) with its bytes moved through host buffers by ipc_exchange.h's schedule,
+    # one thread per rank. A 300 KiB buffer: the larger messages take several rounds per exchange.
+    bufs = [torch.zeros(300 << 10, dtype=torch.uint8) for _ in range(world)]
+
+    def separate(xs, rs, ag, avg, sym, sr, i):
+        return _emulate_separate(xs, bufs, rs, ag, avg, sym, sr, seq=i)
+
+    problems = emulated_matrix(world, separate)
+    assert not problems, "\n".join(problems[:20])
+    # every rank entered the same barriers: one per call, then one per round of each exchange
+    # (more than 3 per call on average: some exchanges took several rounds)
+    counts = [b[160:164].view(torch.int32).item() for b in bufs]
+    assert len(set(counts)) == 1 and counts[0] > 3 * len(EMULATED_CASES), counts
+
+
+def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging():
+    world = 3
+    bufs = [torch.zeros(1 << 20, dtype=torch.uint8) for _ in range(world)]
+    xs = inputs(world, 20000, torch.float32, 1)
+    cfg = qcomm.QuantConfig(algorithm="two_step", min_bytes=0)
+    with pytest.raises(
+        RuntimeError,
+        match=r"rank \d timed out in the separate kernels' barrier 0 of its call "
+        r"waiting for rank 2",
+    ):
+        qcomm._C._testing.ipc_separate_emulate(
+            [x.clone() for x in xs], bufs, cfg.as_tuple(), timeout_ms=300, ranks=[0, 1]
+        )
+    # the abort word is set in every rank's buffer: the peers stop at once, not after a time-out
+    assert all(b[64:68].view(torch.int32).item() == 1 for b in bufs)
+
+
+def test_ipc_exchange_has_no_data_race():
+    # ThreadSanitizer over the exchange's host emulation: 4 ranks as threads, slots of several
+    # rounds (copied out) and of one (read where they landed), several calls. Using one half for
+    # every round, a barrier that does not wait, or no barrier before a slot of one round is read,
+    # makes TSan report a race.
+    run = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "tsan_ipc.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        # not under another sanitizer's preloaded runtime (scripts/sanitize.sh sets LD_PRELOAD)
+        env={
+            **{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
+            "PYTHON": sys.executable,
+        },
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "ThreadSanitizer" not in out, out[-4000:]
+    assert out.count("every byte delivered") == 6, out[-2000:]
