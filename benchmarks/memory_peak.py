@@ -5,6 +5,7 @@ algorithm, and reports the growth of its peak resident set (ru_maxrss) over that
 the result's relative error against the exact sum and whether every rank holds the same bits.
 
     .venv/bin/python benchmarks/memory_peak.py --size 1G --world 2
+    .venv/bin/python benchmarks/memory_peak.py --size 1G --dtype bf16   # 16-bit inputs
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def _reset_peak() -> None:
         f.write("5")
 
 
-def _worker(rank, world, numel, algos, bits):
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _worker(rank, world, numel, algos, bits, dtype):
     torch.set_num_threads(1)
     gloo = dist.new_group(backend="gloo")
     rows = []
@@ -49,8 +53,8 @@ def _worker(rank, world, numel, algos, bits):
         qcomm.set_config(
             qcomm.QuantConfig(algorithm=algo, rs_bits=bits[0], ag_bits=bits[1], min_bytes=0)
         )
-        x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
-        exact = x.clone()
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(dtype)
+        exact = x.to(torch.float32, copy=True)
         dist.all_reduce(exact, group=gloo)  # fp32 Gloo sum as the reference
         _reset_peak()
         base = _status_mib("VmRSS")
@@ -58,8 +62,8 @@ def _worker(rank, world, numel, algos, bits):
         dist.all_reduce(x)
         seconds = time.perf_counter() - t0
         extra = max(0.0, _status_mib("VmHWM") - base)
-        rel = float((x - exact).norm() / exact.norm())
-        digest = hashlib.sha1(x.numpy().tobytes()).hexdigest()
+        rel = float((x.float() - exact).norm() / exact.norm())
+        digest = hashlib.sha1(x.view(torch.uint8).numpy().tobytes()).hexdigest()
         digests = [None] * world
         dist.all_gather_object(digests, digest, group=gloo)
         rows.append((algo, extra, seconds, rel, len(set(digests)) == 1))
@@ -75,17 +79,20 @@ def _size(text: str) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--size", default="1G", help="message bytes per rank (fp32), e.g. 256M, 1G")
+    ap.add_argument("--size", default="1G", help="message bytes per rank, e.g. 256M, 1G")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--algorithms", default="two_step,ring,semi_ring")
     ap.add_argument("--bits", default="8/8")
+    ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     args = ap.parse_args()
-    numel = _size(args.size) // 4
+    dtype = DTYPES[args.dtype]
+    elem = torch.tensor([], dtype=dtype).element_size()
+    numel = _size(args.size) // elem
     bits = tuple(None if b == "none" else int(b) for b in args.bits.split("/"))
     algos = args.algorithms.split(",")
-    print(f"# {args.world} ranks, {numel * 4 / 2**20:.0f} MiB fp32 per rank, bits {args.bits}")
-    results = run_ranks(_worker, args.world, numel, algos, bits, timeout=3600)
-    input_mib = numel * 4 / 2**20
+    input_mib = numel * elem / 2**20
+    print(f"# {args.world} ranks, {input_mib:.0f} MiB {args.dtype} per rank, bits {args.bits}")
+    results = run_ranks(_worker, args.world, numel, algos, bits, dtype, timeout=3600)
     print("algorithm  peak_extra_MiB(max over ranks)  x_input  seconds  rel_err   identical")
     ok = True
     for i, algo in enumerate(algos):
