@@ -95,6 +95,7 @@ setup(
     name="qcomm",
     version="0.1.0",
     packages=["qcomm"],
+    package_data={"qcomm": ["py.typed"]},
     ext_modules=[ext],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.9",

@@ -13,6 +13,10 @@ import torch.distributed as dist
 from . import _C
 from .config import ALGORITHMS, ENV_VARS, QuantConfig, from_env, resolve  # noqa: F401 (API)
 
+__version__ = (
+    "0.1.0"  # pyproject.toml and setup.py carry the same (tests/structure/test_package.py)
+)
+
 __all__ = [
     "QuantConfig",
     "BACKEND",
@@ -134,6 +138,8 @@ def backend_of(group=None) -> "_C.QncclBackend":
     """The qnccl backend object behind `group` (default: the default process group)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     be = pg._get_backend(torch.device("cpu"))
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every backend of a group in a ProcessGroupWrapper
+    be = getattr(be, "wrapped_pg", be)
     if not isinstance(be, _C.QncclBackend):
         raise ValueError(
             f"qcomm: the group's backend is {dist.get_backend(pg)!r}, not 'qnccl'; create it with "

@@ -2,6 +2,8 @@
 #include "backend/backend.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -74,8 +76,23 @@ c10d::Backend* QncclBackend::pick(const at::Tensor& t, const char* op) const {
   return gloo_.get();
 }
 
+void QncclBackend::refuseOverlap(const std::vector<at::Tensor>& ts, const char* op) const {
+  for (const at::Tensor& t : ts) {
+    TORCH_CHECK_VALUE(
+        t.layout() != at::kStrided || at::has_internal_overlap(t) != at::MemOverlap::Yes, prefix(),
+        op, ": a tensor whose elements overlap in memory (an expanded view: stride 0 over ",
+        t.sizes(), ") cannot be sent or written into; pass t.clone() or t.contiguous()");
+  }
+}
+
+void QncclBackend::refuseOverlap(const std::vector<std::vector<at::Tensor>>& ts,
+                                 const char* op) const {
+  for (const auto& v : ts) refuseOverlap(v, op);
+}
+
 c10d::Backend* QncclBackend::pickAll(const std::vector<at::Tensor>& ts, const char* op) const {
   TORCH_CHECK_VALUE(!ts.empty(), prefix(), op, ": no tensors given");
+  refuseOverlap(ts, op);
   const_cast<Stats&>(stats_).passthroughCalls++;
   return pick(ts.front(), op);
 }
@@ -121,6 +138,10 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
   TORCH_CHECK(!shutDown_, prefix(), "allreduce: the process group has been shut down");
   TORCH_CHECK_VALUE(t.device().is_cpu() || t.is_cuda(), prefix(), "allreduce: tensors on ",
                     t.device(), " are not supported; qnccl takes CPU and CUDA tensors");
+  refuseOverlap(tensors, "allreduce");
+  // the result is written into the caller's tensor as Gloo and NCCL write it, outside autograd
+  // (a non-contiguous view of a leaf that requires grad gets its result copied back too)
+  const at::NoGradGuard noGrad;
   Plan plan = planFor(t, opts.reduceOp);
   if (!plan.quantize) return passThroughAllreduce(tensors, opts);
 #ifdef QCOMM_WITH_CUDA
@@ -209,23 +230,27 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::reduce(std::vector<at::Tensor>& ten
 c10::intrusive_ptr<c10d::Work> QncclBackend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  refuseOverlap(outputs, "allgather");
   return pickAll(inputs, "allgather")->allgather(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::AllgatherOptions& opts) {
+  refuseOverlap({output}, "all_gather_into_tensor");
   return pickAll({input}, "all_gather_into_tensor")->_allgather_base(output, input, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  refuseOverlap(outputs, "allgather_coalesced");
   return pickAll(inputs, "allgather_coalesced")->allgather_coalesced(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  refuseOverlap(outputs, "allgather_into_tensor_coalesced");
   return pickAll(inputs, "allgather_into_tensor_coalesced")
       ->allgather_into_tensor_coalesced(outputs, inputs, opts);
 }
@@ -233,29 +258,34 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> QncclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs,
                                                     const c10d::GatherOptions& opts) {
+  refuseOverlap(outputs, "gather");
   return pickAll(inputs, "gather")->gather(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const c10d::ScatterOptions& opts) {
+  refuseOverlap(inputs, "scatter");
   return pickAll(outputs, "scatter")->scatter(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  refuseOverlap(inputs, "reduce_scatter");
   return pickAll(outputs, "reduce_scatter")->reduce_scatter(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  refuseOverlap({output}, "reduce_scatter_tensor");
   return pickAll({input}, "reduce_scatter_tensor")->_reduce_scatter_base(output, input, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  refuseOverlap(outputs, "reduce_scatter_tensor_coalesced");
   return pickAll(inputs, "reduce_scatter_tensor_coalesced")
       ->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
@@ -264,6 +294,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::alltoall_base(at::Tensor& output, a
                                                            std::vector<int64_t>& outputSplits,
                                                            std::vector<int64_t>& inputSplits,
                                                            const c10d::AllToAllOptions& opts) {
+  refuseOverlap({output}, "all_to_all_single");
   return pickAll({input}, "all_to_all_single")
       ->alltoall_base(output, input, outputSplits, inputSplits, opts);
 }
@@ -271,6 +302,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::alltoall_base(at::Tensor& output, a
 c10::intrusive_ptr<c10d::Work> QncclBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllToAllOptions& opts) {
+  refuseOverlap(outputs, "all_to_all");
   return pickAll(inputs, "all_to_all")->alltoall(outputs, inputs, opts);
 }
 

@@ -130,6 +130,10 @@ class QncclBackend : public c10d::Backend {
 
  private:
   c10d::Backend* pick(const at::Tensor& t, const char* op) const;
+  // Refuses tensors whose elements overlap in memory (expanded views), which Gloo would crash on,
+  // before anything is sent: a ValueError naming the rank and the op.
+  void refuseOverlap(const std::vector<at::Tensor>& ts, const char* op) const;
+  void refuseOverlap(const std::vector<std::vector<at::Tensor>>& ts, const char* op) const;
   // Counts a pass-through call and picks the inner backend for the first tensor.
   c10d::Backend* pickAll(const std::vector<at::Tensor>& ts, const char* op) const;
   std::string prefix() const;
