@@ -97,6 +97,23 @@ def _check_process_settings(rank: int, world: int) -> None:
             )
 
 
+def _agree_at_creation(store, rank: int, size: int, name: str) -> int:
+    """The group setting `name` (a number), which every rank of the group must hold alike: each
+    rank publishes its value through the group's store and reads the others'; a difference raises
+    ValueError on every rank, naming the setting and each rank's value."""
+    mine = _C.setting(name)["number"]
+    key = f"qcomm_agree/{name}/"
+    store.set(key + str(rank), str(mine))
+    values = [store.get(key + str(r)).decode() for r in range(size)]
+    if len(set(values)) > 1:
+        held = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+        raise ValueError(
+            f"[qcomm rank {rank}/{size}] {name} differs across the ranks of the group ({held}); "
+            "set it alike on every rank"
+        )
+    return mine
+
+
 def _create(opts, pg_options):
     """The creator torch calls once per qnccl group (extended API).
 
@@ -111,6 +128,8 @@ def _create(opts, pg_options):
     # an invalid process setting (QCOMM_CPU_ISA, ...) is an error here, at the group's creation, as
     # an invalid QCOMM_* config value is, not at its first allreduce
     _check_process_settings(rank, size)
+    # the operator's switch: before any connection, so that ranks that disagree all raise here
+    disabled = bool(_agree_at_creation(store, rank, size, "QCOMM_DISABLE"))
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
@@ -121,7 +140,7 @@ def _create(opts, pg_options):
         nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, nopts)
     # the store also carries the CUDA-IPC buffer handles (csrc/transport/cuda_ipc.cpp)
     ipc_store = dist.PrefixStore("qcomm", store)
-    return _C.QncclBackend(rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store)
+    return _C.QncclBackend(rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store, disabled)
 
 
 def _register() -> None:

@@ -6,7 +6,9 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 
 #include "algo/algorithms.h"
@@ -28,13 +30,14 @@ int64_t QncclBackend::liveCount() { return liveBackends.load(); }
 QncclBackend::QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
                            c10::intrusive_ptr<c10d::Backend> gloo,
                            c10::intrusive_ptr<c10d::Backend> nccl, const QuantConfig& config,
-                           c10::intrusive_ptr<c10d::Store> store)
+                           c10::intrusive_ptr<c10d::Store> store, bool disabled)
     : c10d::Backend(rank, size),
       timeout_(timeout),
       gloo_(std::move(gloo)),
       nccl_(std::move(nccl)),
       store_(std::move(store)),
-      config_(config) {
+      config_(config),
+      disabled_(disabled) {
   TORCH_CHECK(gloo_, prefix(), "qnccl needs an inner Gloo backend");
   validateConfig(config_);
   init();
@@ -109,6 +112,11 @@ Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
   f.sparseOrComplex = t.is_sparse() || t.is_complex() || complexView || t.layout() != at::kStrided;
   f.world = getSize();
   Plan p = makePlan(f, getConfig());
+  if (disabled_) {
+    p.quantize = false;
+    p.reason = "QCOMM_DISABLE=1: every collective passes through";
+    return p;
+  }
   if (p.quantize && t.is_cuda()) {
 #ifdef QCOMM_WITH_CUDA
     // Opt-in until the CUDA transports have run on a GPU (README, "CUDA tensors"): by default a
@@ -123,6 +131,91 @@ Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
 #endif
   }
   return p;
+}
+
+namespace {
+
+// A dtype as Python spells it (torch.float32: "float32").
+std::string dtypeName(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(t);
+  }
+}
+
+// A power of two of bytes, 2^k: "4 KiB".
+std::string bytesName(int k) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  const int u = std::min(k / 10, 4);
+  return std::to_string(int64_t(1) << (k - 10 * u)) + " " + units[u];
+}
+
+constexpr int64_t kQuietCalls = 100;
+
+}  // namespace
+
+void QncclBackend::logDecision(const Plan& plan, const at::Tensor& t, c10d::ReduceOp op) {
+  if (getRank() != 0 || settings::text("QCOMM_DEBUG") != "INFO") return;
+  const int64_t bytes = t.numel() * int64_t(t.element_size());
+  int k = 0;
+  while (k < 62 && (int64_t(2) << k) <= bytes) ++k;  // bytes in [2^k, 2^(k+1))
+  std::string what;
+  if (plan.quantize) {
+    auto bits = [](int b) { return b == 0 ? std::string("none") : std::to_string(b); };
+    what = std::string("quantized with ") + algoName(plan.algorithm) + " " + bits(plan.rs.bits) +
+           "/" + bits(plan.ag.bits) + ", groups of " + std::to_string(plan.rs.groupSize);
+  } else {
+    what = "passed through: " + plan.reason;
+  }
+  const std::string dtype = dtypeName(t.scalar_type());
+  const std::string size =
+      bytes == 0 ? std::string("0 B") : bytesName(k) + " to " + bytesName(k + 1);
+  std::string quiet;
+  bool fresh = false;
+  {
+    std::lock_guard<std::mutex> lock(logMutex_);
+    const bool eligible = dtypeOf(t.scalar_type()) >= 0 && t.layout() == at::kStrided &&
+                          !t.is_complex() &&
+                          (op.op_ == c10d::ReduceOp::SUM || op.op_ == c10d::ReduceOp::AVG);
+    if (eligible) ++eligibleCalls_;
+    const QuantConfig c = getConfig();
+    const bool asks = !disabled_ && c.algorithm != kAlgoNone && (c.rsBits || c.agBits);
+    if (eligible && asks && !quietLogged_ && eligibleCalls_ >= kQuietCalls &&
+        stats_.quantizedCalls.load() == 0 && !plan.quantize) {
+      quietLogged_ = true;
+      quiet = std::to_string(kQuietCalls) +
+              " allreduces of fp32, fp16 or bf16 tensors on this group, none of them quantized; "
+              "the last passed through: " +
+              plan.reason + " (min_bytes " + std::to_string(c.minBytes) + ")";
+    }
+    fresh = logged_.insert(size + "/" + dtype + "/" + what).second;
+  }
+  if (!quiet.empty()) {
+    std::fprintf(stderr, "%sINFO allreduce: %s\n", prefix().c_str(), quiet.c_str());
+  }
+  if (!fresh) return;
+  std::fprintf(stderr, "%sINFO allreduce of %s (%s): %s\n", prefix().c_str(), size.c_str(),
+               dtype.c_str(), what.c_str());
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::passThroughAllreduce(
@@ -143,6 +236,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
   // (a non-contiguous view of a leaf that requires grad gets its result copied back too)
   const at::NoGradGuard noGrad;
   Plan plan = planFor(t, opts.reduceOp);
+  logDecision(plan, t, opts.reduceOp);
   if (!plan.quantize) return passThroughAllreduce(tensors, opts);
 #ifdef QCOMM_WITH_CUDA
   if (t.is_cuda()) return allreduceCuda(plan, tensors, opts);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -34,9 +35,12 @@ struct CudaPathDeleter {
 
 class QncclBackend : public c10d::Backend {
  public:
+  // disabled (QCOMM_DISABLE=1 at the group's creation): every collective passes through, whatever
+  // config is set.
   QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
                c10::intrusive_ptr<c10d::Backend> gloo, c10::intrusive_ptr<c10d::Backend> nccl,
-               const QuantConfig& config, c10::intrusive_ptr<c10d::Store> store = {});
+               const QuantConfig& config, c10::intrusive_ptr<c10d::Store> store = {},
+               bool disabled = false);
   ~QncclBackend() override;
 
   // QncclBackend objects alive in this process (a test reads it: destroy_process_group must
@@ -145,6 +149,10 @@ class QncclBackend : public c10d::Backend {
   // The CUDA path of this group, set up (collectively, through the store) on first use.
   CudaPath& cudaPath(int device, bool capturing);
   std::chrono::milliseconds callTimeout(const c10d::AllreduceOptions& opts) const;
+  // QCOMM_DEBUG=INFO, rank 0: the first allreduce of each size class and decision says what it
+  // does; after kQuietCalls eligible allreduces that all passed through, once, that none was
+  // quantized (and the last reason).
+  void logDecision(const Plan& plan, const at::Tensor& t, c10d::ReduceOp op);
   // Exchange the plan's header; throws on every rank, naming the difference, if ranks disagree.
   void agreeOnPlan(const Plan& plan, C10dTransport& t);
 
@@ -159,6 +167,11 @@ class QncclBackend : public c10d::Backend {
   QuantConfig config_;
   Stats stats_;
   std::atomic<bool> shutDown_{false};
+  std::mutex logMutex_;
+  std::set<std::string> logged_;  // the decisions logged (size class, dtype, decision)
+  int64_t eligibleCalls_ = 0;     // allreduces of fp32/fp16/bf16 dense tensors, SUM or AVG
+  bool quietLogged_ = false;
+  const bool disabled_;
   std::atomic<uint32_t> callSeq_{0};  // quantized allreduces issued here (seeds the rounding noise)
 };
 

@@ -62,6 +62,10 @@ std::vector<Declaration> makeDeclarations() {
   boolean("QCOMM_STOCHASTIC_ROUNDING", S::kGroup, "0",
           "round codes stochastically: errors of mean zero over calls", "stochastic_rounding");
 
+  // The operator's switch: read when a group is created; its ranks must agree.
+  boolean("QCOMM_DISABLE", S::kGroup, "0",
+          "1 passes every collective through, whatever config the code passes; ranks must agree");
+
   // The process: read at first use.
   choice("QCOMM_CPU_ISA", S::kProcess, "auto", {"auto", "generic", "avx2", "avx512"},
          "auto, generic, avx2, avx512 (one this CPU has)",
@@ -69,7 +73,8 @@ std::vector<Declaration> makeDeclarations() {
   boolean("QCOMM_CUDA_QUANTIZE", S::kProcess, "0",
           "quantize eligible CUDA allreduces (opt-in until timed against NCCL across GPUs)");
   choice("QCOMM_DEBUG", S::kProcess, "WARN", {"WARN", "INFO"}, "WARN, INFO",
-         "INFO prints, at the first qnccl group, every setting that differs from its default");
+         "INFO: rank 0 prints each setting that differs from its default, and per group what "
+         "its allreduces of each size class do");
 
   // A group's CUDA path: read when it sets up, at its first quantized CUDA allreduce.
   choice("QCOMM_TRANSPORT", S::kGroup, "auto", {"auto", "ipc", "nccl"}, "auto, ipc, nccl",
