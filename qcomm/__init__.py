@@ -167,12 +167,18 @@ def backend_of(group=None) -> "_C.QncclBackend":
     return be
 
 
-def set_config(config: QuantConfig, group=None) -> None:
-    """Replace a live group's configuration. Call it on every rank of the group, between
-    collectives: the plan of each allreduce is a function of this config, and ranks with different
-    configs would take different paths."""
+def set_config(config, group=None) -> None:
+    """Replace a live group's configuration: a QuantConfig, or a dict of its fields (as
+    pg_options takes). Call it on every rank of the group, between collectives: the plan of each
+    allreduce is a function of this config, and ranks with different configs would take different
+    paths."""
+    if isinstance(config, dict):
+        config = QuantConfig(**config)
     if not isinstance(config, QuantConfig):
-        raise TypeError(f"qcomm.set_config takes a QuantConfig, got {type(config).__name__}")
+        raise TypeError(
+            f"qcomm.set_config takes a QuantConfig or a dict of its fields, got "
+            f"{type(config).__name__}"
+        )
     backend_of(group).set_config(config.as_tuple())
 
 

@@ -53,6 +53,9 @@ class QuantConfig:
     stochastic_rounding: bool = False
 
     def __post_init__(self) -> None:
+        # one rule for the algorithm's spelling, as the settings reader's: any case
+        if isinstance(self.algorithm, str):
+            object.__setattr__(self, "algorithm", self.algorithm.lower())
         validate(self)
 
     def replace(self, **changes) -> "QuantConfig":

@@ -139,3 +139,28 @@ def test_precedence_across_ranks():
         assert out["plan_int"]["quantize"] is False and "dtype" in out["plan_int"]["reason"]
         assert out["plan_max"]["quantize"] is False and "op" in out["plan_max"]["reason"]
         assert "not 'qnccl'" in out["gloo_error"]
+
+
+def test_one_spelling_rule_for_the_algorithm():
+    # the environment's rule (any case) holds for QuantConfig too
+    assert qcomm.QuantConfig(algorithm="RING") == qcomm.QuantConfig(algorithm="ring")
+    assert qc.from_env({"QCOMM_ALGO": "Semi_Ring"}).algorithm == "semi_ring"
+    with pytest.raises(ValueError, match="algorithm"):
+        qcomm.QuantConfig(algorithm="TREE")
+
+
+def _set_config_dict_worker(rank, world):
+    qcomm.set_config({"algorithm": "ring", "rs_bits": 4})  # as pg_options takes it
+    got = qcomm.get_config()
+    try:
+        qcomm.set_config(42)
+        refused = None
+    except TypeError as e:
+        refused = str(e)
+    return got, refused
+
+
+def test_set_config_takes_a_dict_as_pg_options_does():
+    for got, refused in run_ranks(_set_config_dict_worker, 1):
+        assert got == qcomm.QuantConfig(algorithm="ring", rs_bits=4), got
+        assert "QuantConfig or a dict" in refused, refused
