@@ -3,10 +3,17 @@
 QCOMM_CUDA=0 forces a CPU-only build, QCOMM_CUDA=1 requires the CUDA build (and fails without nvcc).
 QCOMM_CUDA_ARCHS lists the compute capabilities to compile for (default "80;90").
 QCOMM_EXPERIMENTS=1 adds csrc/experiments/ (kernels that lost when timed, kept to be timed again).
+QCOMM_BUILD_DIR: where objects and the wheel's staging go. By default build/ for the in-place build
+of scripts/setup.sh (ninja rebuilds only what changed), and outside the source tree for anything
+else (`pip install .`, `pip wheel .`): a folder of the system's temporary directory named after
+the tree, kept, so that a second install rebuilds only what changed.
 """
 
 import glob
+import hashlib
 import os
+import sys
+import tempfile
 
 from setuptools import setup
 from torch.utils import cpp_extension
@@ -91,13 +98,28 @@ else:
     kwargs["extra_compile_args"] = {"cxx": CXX_FLAGS}
     ext = cpp_extension.CppExtension(**kwargs)
 
+
+def _build_base() -> str:
+    given = os.environ.get("QCOMM_BUILD_DIR", "").strip()
+    if given:
+        return given
+    if "build_ext" in sys.argv and "--inplace" in sys.argv:
+        return os.path.join(ROOT, "build")
+    tag = hashlib.sha1(ROOT.encode()).hexdigest()[:10]
+    return os.path.join(tempfile.gettempdir(), f"qcomm-build-{tag}")
+
+
 setup(
     name="qcomm",
     version="0.1.0",
     packages=["qcomm"],
+    py_modules=["qcomm_autoload"],
     package_data={"qcomm": ["py.typed"]},
+    # torch calls it at `import torch`: init_process_group("qnccl") without `import qcomm`
+    entry_points={"torch.backends": ["qcomm = qcomm_autoload:register"]},
     ext_modules=[ext],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.9",
     install_requires=["torch==2.11.*"],
+    options={"build": {"build_base": _build_base()}},
 )

@@ -8,8 +8,8 @@ PY="$(bash scripts/setup.sh)"
 BIN="$(dirname "$PY")"
 
 echo "[test] format check: ruff (Python), clang-format (C++/CUDA)"
-"$BIN/ruff" check qcomm tests benchmarks scripts
-"$BIN/ruff" format --check qcomm tests benchmarks scripts
+"$BIN/ruff" check qcomm qcomm_autoload.py setup.py tests benchmarks scripts examples
+"$BIN/ruff" format --check qcomm qcomm_autoload.py setup.py tests benchmarks scripts examples
 mapfile -t CSRC < <(find csrc tests/native tests/experiments benchmarks/cuda \
   \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null | sort)
 "$BIN/clang-format" --dry-run -Werror "${CSRC[@]}"
