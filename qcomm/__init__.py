@@ -7,6 +7,9 @@ wire and whose every other collective passes through exactly to Gloo (CPU tensor
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import torch
 import torch.distributed as dist
 
@@ -24,6 +27,7 @@ __all__ = [
     "set_config",
     "stats",
     "reset_stats",
+    "release_buffers",
     "plan",
     "backend_of",
     "compiled_with_cuda",
@@ -114,6 +118,27 @@ def _agree_at_creation(store, rank: int, size: int, name: str) -> int:
     return mine
 
 
+def _agree_on_config(store, rank: int, size: int, cfg: QuantConfig) -> None:
+    """Every rank must create the group with the same QuantConfig: a rank whose calls would pass
+    through where its peers' are quantized (another min_bytes, algorithm or bits) would otherwise
+    cost a timeout at the first such call. Each rank publishes its config through the group's
+    store; a difference raises ValueError on every rank, naming the fields and each rank's value.
+    (A later set_config is checked by each quantized call's header, not here.)"""
+    mine = dataclasses.asdict(cfg)
+    key = "qcomm_agree/config/"
+    store.set(key + str(rank), json.dumps(mine, sort_keys=True))
+    every = [json.loads(store.get(key + str(r)).decode()) for r in range(size)]
+    differ = [f for f in mine if len({json.dumps(c[f]) for c in every}) > 1]
+    if differ:
+        held = "; ".join(
+            f"{f}: " + ", ".join(f"rank {r}: {c[f]!r}" for r, c in enumerate(every)) for f in differ
+        )
+        raise ValueError(
+            f"[qcomm rank {rank}/{size}] the ranks create this group with different QuantConfigs "
+            f"({held}); pass the same pg_options and QCOMM_* environment on every rank"
+        )
+
+
 def _create(opts, pg_options):
     """The creator torch calls once per qnccl group (extended API).
 
@@ -130,6 +155,7 @@ def _create(opts, pg_options):
     _check_process_settings(rank, size)
     # the operator's switch: before any connection, so that ranks that disagree all raise here
     disabled = bool(_agree_at_creation(store, rank, size, "QCOMM_DISABLE"))
+    _agree_on_config(store, rank, size, cfg)
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
@@ -191,7 +217,8 @@ def stats(group=None) -> dict:
     """Counters of this rank for `group`: quantized_calls, passthrough_calls (every collective that
     went to the inner backend), input_bytes and wire_bytes (bytes this rank sent) of the quantized
     allreduces, and their ratio compression; next_call_seq, the number the next quantized
-    allreduce will carry (it seeds stochastic rounding; it is not reset)."""
+    allreduce will carry (it seeds stochastic rounding; it is not reset); buffer_bytes, what the
+    group keeps allocated for its next host-memory allreduce (release_buffers frees it)."""
     s = dict(backend_of(group).stats())
     s["compression"] = s["input_bytes"] / s["wire_bytes"] if s["wire_bytes"] else None
     return s
@@ -216,6 +243,13 @@ def cuda_ipc_profile(group=None) -> dict:
     kernel's blocks since then, ..., "runs": block-pieces run}. Empty without it (or before the
     set-up, or with the NCCL transport). Synchronize the device first for final values."""
     return dict(backend_of(group).cuda_ipc_profile())
+
+
+def release_buffers(group=None) -> int:
+    """Frees the buffers the group keeps from one quantized CPU allreduce to the next (they grow to
+    what its largest call needed, so that later calls fault in no fresh pages), after the call
+    running now, if any; returns the bytes freed. The next call allocates afresh."""
+    return backend_of(group).release_buffers()
 
 
 def reset_stats(group=None) -> None:

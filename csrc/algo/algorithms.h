@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include "algo/scratch.h"
 #include "codec/codec_ops.h"
 #include "plan/plan.h"
 #include "transport/transport.h"
@@ -17,8 +18,10 @@ namespace qcomm {
 
 // Runs plan.algorithm (kTwoStep, kRing or kSemiRing) in place on `data`: contiguous, plan.numel
 // elements of plan.dtype, on the device `ops` serves. Buffers are allocated before the first
-// exchange begins, and nothing after. An error names the rank and the step that failed. A rotated
-// plan is the caller's to rotate first (the message is then fp32).
-void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data);
+// exchange begins, and nothing after; from `scratch` when given (kept for the next call; the
+// caller calls its begin() first), else for this call. An error names the rank and the step that
+// failed. A rotated plan is the caller's to rotate first (the message is then fp32).
+void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data,
+                  Scratch* scratch = nullptr);
 
 }  // namespace qcomm

@@ -13,7 +13,8 @@ void ring(Call& c);      // ring.cpp
 void semiRing(Call& c);  // semi_ring.cpp
 }  // namespace algo
 
-void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data) {
+void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data,
+                  Scratch* scratch) {
   const std::string where = rankPrefix(t.rank(), plan.world) + "allreduce: ";
   TORCH_CHECK_VALUE(plan.quantize, where, "the plan passes through (", plan.reason, ")");
   TORCH_CHECK_VALUE(t.world() == plan.world, where, "a plan for ", plan.world,
@@ -22,7 +23,7 @@ void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& dat
                         dtypeOf(data.scalar_type()) == plan.dtype,
                     where, "expected a contiguous tensor of ", plan.numel,
                     " elements of the plan's dtype, got ", data.sizes(), " ", data.scalar_type());
-  algo::Call c(plan, t, ops, data);
+  algo::Call c(plan, t, ops, data, scratch);
   try {
     switch (plan.algorithm) {
       case kTwoStep:

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "algo/scratch.h"
 #include "codec/codec_ops.h"
 #include "plan/plan.h"
 #include "transport/transport.h"
@@ -22,11 +23,12 @@ inline int wrapRank(int a, int w) { return ((a % w) + w) % w; }
 // is cut into: the plan's microshards where the transport overlaps transfers with the codec,
 // else one (the whole chunk).
 struct Call {
-  Call(const Plan& p, Transport& tr, CodecOps& o, at::Tensor& d)
+  Call(const Plan& p, Transport& tr, CodecOps& o, at::Tensor& d, Scratch* s)
       : plan(p),
         t(tr),
         ops(o),
         data(d),
+        scratch(s),
         rank(tr.rank()),
         world(p.world),
         pieces(tr.overlapsCodec() ? p.microshards : 1),
@@ -36,6 +38,7 @@ struct Call {
   Transport& t;
   CodecOps& ops;
   at::Tensor& data;
+  Scratch* scratch;  // the group's kept buffers, or none (each buffer allocated for the call)
   const int rank;
   const int world;
   const int pieces;
@@ -63,8 +66,12 @@ struct Call {
     for (int j = 0; j < world; ++j) b[size_t(j)] = encodedBytes(piece(j, k).len, c);
     return b;
   }
-  at::Tensor byteBuffer(int64_t n) const { return at::empty({n}, data.options().dtype(at::kByte)); }
+  at::Tensor byteBuffer(int64_t n) const {
+    if (scratch) return scratch->take(n, data.options());
+    return at::empty({n}, data.options().dtype(at::kByte));
+  }
   at::Tensor floatBuffer(int64_t n) const {
+    if (scratch) return scratch->take(n * int64_t(sizeof(float)), data.options()).view(at::kFloat);
     return at::empty({n}, data.options().dtype(at::kFloat));
   }
   static uint8_t* at(const at::Tensor& t, int64_t offset) { return t.data_ptr<uint8_t>() + offset; }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "algo/algorithms.h"
+#include "backend/progress.h"
 #include "backend/work.h"
 #include "codec/codec_cpu.h"
 #include "codec/codec_ops.h"
@@ -44,7 +45,10 @@ QncclBackend::QncclBackend(int rank, int size, std::chrono::milliseconds timeout
   liveBackends.fetch_add(1);
 }
 
-QncclBackend::~QncclBackend() { liveBackends.fetch_sub(1); }
+QncclBackend::~QncclBackend() {
+  queue_.stop(std::chrono::milliseconds(0), prefix() + "the group was destroyed");
+  liveBackends.fetch_sub(1);
+}
 
 std::string QncclBackend::prefix() const { return rankPrefix(getRank(), getSize()); }
 
@@ -57,6 +61,18 @@ void QncclBackend::setConfig(const QuantConfig& config) {
 QuantConfig QncclBackend::getConfig() const {
   std::lock_guard<std::mutex> lock(configMutex_);
   return config_;
+}
+
+int64_t QncclBackend::scratchBytes() const {
+  std::lock_guard<std::mutex> lock(scratchMutex_);
+  return scratch_.bytesHeld();
+}
+
+int64_t QncclBackend::releaseScratch() {
+  std::lock_guard<std::mutex> lock(scratchMutex_);
+  const int64_t held = scratch_.bytesHeld();
+  scratch_.release();
+  return held;
 }
 
 void QncclBackend::resetStats() {
@@ -93,8 +109,66 @@ void QncclBackend::refuseOverlap(const std::vector<std::vector<at::Tensor>>& ts,
   for (const auto& v : ts) refuseOverlap(v, op);
 }
 
+void QncclBackend::checkUsable(const char* op) const {
+  std::lock_guard<std::mutex> lock(brokenMutex_);
+  TORCH_CHECK(broken_.empty(), prefix(), op,
+              ": this group cannot be used after an earlier quantized allreduce on it failed (",
+              broken_, "); destroy it and create a new one");
+}
+
+void QncclBackend::breakWith(const std::string& why) {
+  std::lock_guard<std::mutex> lock(brokenMutex_);
+  if (broken_.empty()) broken_ = why.substr(0, why.find('\n'));
+}
+
+namespace {
+std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& v : ts) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+std::string whatOf(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error& x) {
+    return x.what_without_backtrace();
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an unknown error";
+  }
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::forward(c10d::Backend* inner, const char* op,
+                                                     c10d::OpType type,
+                                                     std::vector<at::Tensor> outputs,
+                                                     std::function<Issued(c10d::Backend*)> issue) {
+  if (inner != gloo_.get() || queue_.idle() || queue_.onThread()) {
+    Issued w = issue(inner);
+    if (w) return w;
+    return c10::make_intrusive<CompletedWork>(getRank(), std::move(outputs));
+  }
+  auto work = c10::make_intrusive<QueuedWork>(
+      getRank(), type, internTitle(std::string("qnccl:") + op), std::vector<at::Tensor>{}, outputs);
+  queue_.push(
+      [inner, type, issue = std::move(issue), work] {
+        Issued w = issue(inner);
+        int source = -1;
+        if (w) {
+          w->wait();
+          if (type == c10d::OpType::RECVANYSOURCE) source = w->sourceRank();
+        }
+        work->complete(source);
+      },
+      [work](const std::exception_ptr& e) { work->fail(e); });
+  return work;
+}
+
 c10d::Backend* QncclBackend::pickAll(const std::vector<at::Tensor>& ts, const char* op) const {
   TORCH_CHECK_VALUE(!ts.empty(), prefix(), op, ": no tensors given");
+  checkUsable(op);
   refuseOverlap(ts, op);
   const_cast<Stats&>(stats_).passthroughCalls++;
   return pick(ts.front(), op);
@@ -220,7 +294,8 @@ void QncclBackend::logDecision(const Plan& plan, const at::Tensor& t, c10d::Redu
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::passThroughAllreduce(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  return pickAll(tensors, "allreduce")->allreduce(tensors, opts);
+  return forward(pickAll(tensors, "allreduce"), "all_reduce", c10d::OpType::ALLREDUCE, tensors,
+                 [=](c10d::Backend* b) mutable { return b->allreduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -241,9 +316,58 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
 #ifdef QCOMM_WITH_CUDA
   if (t.is_cuda()) return allreduceCuda(plan, tensors, opts);
 #endif
+  checkUsable("allreduce");
   plan.callSeq = callSeq_++;
-  runQuantizedCpu(plan, t, callTimeout(opts));
-  return c10::make_intrusive<CompletedWork>(getRank(), tensors);
+  auto bits = [](int b) { return b == 0 ? std::string("-") : std::to_string(b); };
+  const char* title = internTitle(std::string("qnccl:all_reduce ") + algoName(plan.algorithm) +
+                                  " " + bits(plan.rs.bits) + "/" + bits(plan.ag.bits) + " g" +
+                                  std::to_string(plan.rs.groupSize));
+  auto work =
+      c10::make_intrusive<QueuedWork>(getRank(), c10d::OpType::ALLREDUCE, title, tensors, tensors);
+  // the task holds the backend, so that a group dropped with calls queued lives until they ran
+  auto self = c10::intrusive_ptr<QncclBackend>::reclaim_copy(this);
+  const std::chrono::milliseconds timeout = callTimeout(opts);
+  auto run = [self, plan, t, timeout, work]() mutable {
+    self->runQueued(plan, t, timeout);
+    work->complete();
+  };
+  auto fail = [work](const std::exception_ptr& e) { work->fail(e); };
+  if (queue_.onThread()) {
+    // issued from a callback on the progress thread (a future's then): nothing else can run now
+    try {
+      run();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  } else {
+    queue_.push(std::move(run), std::move(fail));
+  }
+  if (!opts.asyncOp) work->wait();  // raises the call's error here, as the synchronous path did
+  return work;
+}
+
+void QncclBackend::runQueued(const Plan& plan, at::Tensor& tensor,
+                             std::chrono::milliseconds timeout) {
+  const at::NoGradGuard noGrad;  // grad mode is per thread: the copy-back stays out of autograd
+  checkUsable("allreduce");
+  std::string mismatch;
+  try {
+    mismatch = runQuantizedCpu(plan, tensor, timeout);
+  } catch (const c10::Error& e) {
+    breakWith(e.what_without_backtrace());  // a transport failure: the peers' state is unknown
+    throw;
+  } catch (const std::exception& e) {
+    breakWith(e.what());
+    throw;
+  }
+  // every rank saw the same headers and raises here, so the group stays usable
+  requireAgreement(mismatch);
+}
+
+void QncclBackend::requireAgreement(const std::string& mismatch) const {
+  TORCH_CHECK(mismatch.empty(), prefix(), "allreduce: the ranks disagree on this call: ", mismatch,
+              ". Every rank must pass the same numel, dtype and op, and hold the same QuantConfig "
+              "(qcomm.set_config on every rank).");
 }
 
 std::chrono::milliseconds QncclBackend::callTimeout(const c10d::AllreduceOptions& opts) const {
@@ -261,31 +385,36 @@ std::string QncclBackend::cudaTransportNote() const {
 }
 #endif
 
-void QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
-                                   std::chrono::milliseconds timeout) {
+std::string QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
+                                          std::chrono::milliseconds timeout) {
   // Work on a contiguous buffer; a non-contiguous input gets the result copied back (in place).
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   C10dTransport transport(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
-  agreeOnPlan(plan, transport);
+  const std::string mismatch = agreeOnPlan(plan, transport);
+  if (!mismatch.empty()) return mismatch;
   CpuCodecOps ops;
+  std::lock_guard<std::mutex> lock(scratchMutex_);
+  scratch_.begin();
   if (plan.rotate) {
     // the algorithm runs in place on the fp32 rotated message, then it is rotated back
-    at::Tensor rotated = at::empty({plan.numel}, at::kFloat);
+    at::Tensor rotated =
+        scratch_.take(plan.numel * int64_t(sizeof(float)), buf.options()).view(at::kFloat);
     rotateForward(buf.data_ptr(), plan.userDtype, plan.userNumel, plan.rs.groupSize,
                   rotated.data_ptr<float>());
-    runAllreduce(plan, transport, ops, rotated);
+    runAllreduce(plan, transport, ops, rotated, &scratch_);
     rotateInverse(rotated.data_ptr<float>(), plan.numel, plan.rs.groupSize);
     castFromFloat(rotated.data_ptr<float>(), plan.userNumel, plan.userDtype, buf.data_ptr());
   } else {
-    runAllreduce(plan, transport, ops, buf);
+    runAllreduce(plan, transport, ops, buf, &scratch_);
   }
   if (!buf.is_same(tensor)) tensor.copy_(buf);
   stats_.quantizedCalls++;
   stats_.inputBytes += tensor.numel() * tensor.element_size();
   stats_.wireBytes += transport.bytesSent();
+  return "";
 }
 
-void QncclBackend::agreeOnPlan(const Plan& plan, C10dTransport& t) {
+std::string QncclBackend::agreeOnPlan(const Plan& plan, C10dTransport& t) {
   const PlanHeader mine = headerOf(plan);
   at::Tensor send = at::empty({int64_t(sizeof(PlanHeader))}, at::kByte);
   at::Tensor recv = at::empty({int64_t(sizeof(PlanHeader)) * getSize()}, at::kByte);
@@ -293,95 +422,117 @@ void QncclBackend::agreeOnPlan(const Plan& plan, C10dTransport& t) {
   t.allGatherNow(recv, send, "exchange of the call's header (numel, dtype, op, config)");
   std::vector<PlanHeader> all(static_cast<size_t>(getSize()));
   std::memcpy(all.data(), recv.data_ptr(), sizeof(PlanHeader) * all.size());
-  const std::string mismatch = describeMismatch(all);
-  TORCH_CHECK(mismatch.empty(), prefix(), "allreduce: the ranks disagree on this call: ", mismatch,
-              ". Every rank must pass the same numel, dtype and op, and hold the same QuantConfig "
-              "(qcomm.set_config on every rank).");
+  return describeMismatch(all);
 }
 
 // ---- pass-through ----
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                        const c10d::BroadcastOptions& opts) {
-  return pickAll(tensors, "broadcast")->broadcast(tensors, opts);
+  return forward(pickAll(tensors, "broadcast"), "broadcast", c10d::OpType::BROADCAST, tensors,
+                 [=](c10d::Backend* b) mutable { return b->broadcast(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts) {
-  return pickAll(tensors, "allreduce_sparse")->allreduce_sparse(tensors, opts);
+  return forward(pickAll(tensors, "allreduce_sparse"), "allreduce_sparse",
+                 c10d::OpType::_ALLREDUCE_SPARSE, tensors,
+                 [=](c10d::Backend* b) mutable { return b->allreduce_sparse(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  return pickAll(tensors, "allreduce_coalesced")->allreduce_coalesced(tensors, opts);
+  return forward(pickAll(tensors, "allreduce_coalesced"), "allreduce_coalesced",
+                 c10d::OpType::ALLREDUCE_COALESCED, tensors,
+                 [=](c10d::Backend* b) mutable { return b->allreduce_coalesced(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::reduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::ReduceOptions& opts) {
-  return pickAll(tensors, "reduce")->reduce(tensors, opts);
+  return forward(pickAll(tensors, "reduce"), "reduce", c10d::OpType::REDUCE, tensors,
+                 [=](c10d::Backend* b) mutable { return b->reduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   refuseOverlap(outputs, "allgather");
-  return pickAll(inputs, "allgather")->allgather(outputs, inputs, opts);
+  return forward(pickAll(inputs, "allgather"), "allgather", c10d::OpType::ALLGATHER, flat(outputs),
+                 [=](c10d::Backend* b) mutable { return b->allgather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::AllgatherOptions& opts) {
   refuseOverlap({output}, "all_gather_into_tensor");
-  return pickAll({input}, "all_gather_into_tensor")->_allgather_base(output, input, opts);
+  return forward(pickAll({input}, "all_gather_into_tensor"), "all_gather_into_tensor",
+                 c10d::OpType::_ALLGATHER_BASE, {output},
+                 [=](c10d::Backend* b) mutable { return b->_allgather_base(output, input, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   refuseOverlap(outputs, "allgather_coalesced");
-  return pickAll(inputs, "allgather_coalesced")->allgather_coalesced(outputs, inputs, opts);
+  return forward(pickAll(inputs, "allgather_coalesced"), "allgather_coalesced",
+                 c10d::OpType::ALLGATHER_COALESCED, flat(outputs), [=](c10d::Backend* b) mutable {
+                   return b->allgather_coalesced(outputs, inputs, opts);
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   refuseOverlap(outputs, "allgather_into_tensor_coalesced");
-  return pickAll(inputs, "allgather_into_tensor_coalesced")
-      ->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  return forward(pickAll(inputs, "allgather_into_tensor_coalesced"),
+                 "allgather_into_tensor_coalesced", c10d::OpType::COALESCED, outputs,
+                 [=](c10d::Backend* b) mutable {
+                   return b->allgather_into_tensor_coalesced(outputs, inputs, opts);
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs,
                                                     const c10d::GatherOptions& opts) {
   refuseOverlap(outputs, "gather");
-  return pickAll(inputs, "gather")->gather(outputs, inputs, opts);
+  return forward(pickAll(inputs, "gather"), "gather", c10d::OpType::GATHER, flat(outputs),
+                 [=](c10d::Backend* b) mutable { return b->gather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const c10d::ScatterOptions& opts) {
   refuseOverlap(inputs, "scatter");
-  return pickAll(outputs, "scatter")->scatter(outputs, inputs, opts);
+  return forward(pickAll(outputs, "scatter"), "scatter", c10d::OpType::SCATTER, outputs,
+                 [=](c10d::Backend* b) mutable { return b->scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   refuseOverlap(inputs, "reduce_scatter");
-  return pickAll(outputs, "reduce_scatter")->reduce_scatter(outputs, inputs, opts);
+  return forward(
+      pickAll(outputs, "reduce_scatter"), "reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs,
+      [=](c10d::Backend* b) mutable { return b->reduce_scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   refuseOverlap({output}, "reduce_scatter_tensor");
-  return pickAll({input}, "reduce_scatter_tensor")->_reduce_scatter_base(output, input, opts);
+  return forward(pickAll({input}, "reduce_scatter_tensor"), "reduce_scatter_tensor",
+                 c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [=](c10d::Backend* b) mutable {
+                   return b->_reduce_scatter_base(output, input, opts);
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   refuseOverlap(outputs, "reduce_scatter_tensor_coalesced");
-  return pickAll(inputs, "reduce_scatter_tensor_coalesced")
-      ->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  return forward(pickAll(inputs, "reduce_scatter_tensor_coalesced"),
+                 "reduce_scatter_tensor_coalesced", c10d::OpType::COALESCED, outputs,
+                 [=](c10d::Backend* b) mutable {
+                   return b->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -389,30 +540,36 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::alltoall_base(at::Tensor& output, a
                                                            std::vector<int64_t>& inputSplits,
                                                            const c10d::AllToAllOptions& opts) {
   refuseOverlap({output}, "all_to_all_single");
-  return pickAll({input}, "all_to_all_single")
-      ->alltoall_base(output, input, outputSplits, inputSplits, opts);
+  return forward(pickAll({input}, "all_to_all_single"), "all_to_all_single",
+                 c10d::OpType::ALLTOALL_BASE, {output}, [=](c10d::Backend* b) mutable {
+                   return b->alltoall_base(output, input, outputSplits, inputSplits, opts);
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllToAllOptions& opts) {
   refuseOverlap(outputs, "all_to_all");
-  return pickAll(inputs, "all_to_all")->alltoall(outputs, inputs, opts);
+  return forward(pickAll(inputs, "all_to_all"), "all_to_all", c10d::OpType::ALLTOALL, outputs,
+                 [=](c10d::Backend* b) mutable { return b->alltoall(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::send(std::vector<at::Tensor>& tensors, int dstRank,
                                                   int tag) {
-  return pickAll(tensors, "send")->send(tensors, dstRank, tag);
+  return forward(pickAll(tensors, "send"), "send", c10d::OpType::SEND, {},
+                 [=](c10d::Backend* b) mutable { return b->send(tensors, dstRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank,
                                                   int tag) {
-  return pickAll(tensors, "recv")->recv(tensors, srcRank, tag);
+  return forward(pickAll(tensors, "recv"), "recv", c10d::OpType::RECV, tensors,
+                 [=](c10d::Backend* b) mutable { return b->recv(tensors, srcRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                            int tag) {
-  return pickAll(tensors, "recv_anysource")->recvAnysource(tensors, tag);
+  return forward(pickAll(tensors, "recv_anysource"), "recv_anysource", c10d::OpType::RECVANYSOURCE,
+                 tensors, [=](c10d::Backend* b) mutable { return b->recvAnysource(tensors, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::barrier(const c10d::BarrierOptions& opts) {
@@ -420,13 +577,19 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::barrier(const c10d::BarrierOptions&
   stats_.passthroughCalls++;
   const bool cuda = (opts.device.has_value() && opts.device->is_cuda()) || !opts.device_ids.empty();
   if (cuda && nccl_) return nccl_->barrier(opts);
-  return gloo_->barrier(opts);
+  checkUsable("barrier");
+  return forward(gloo_.get(), "barrier", c10d::OpType::BARRIER, {},
+                 [=](c10d::Backend* b) mutable { return b->barrier(opts); });
 }
 
 void QncclBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
   TORCH_CHECK(!shutDown_, prefix(), "monitored_barrier: the process group has been shut down");
+  checkUsable("monitored_barrier");
   stats_.passthroughCalls++;
-  gloo_->monitoredBarrier(opts, waitAllRanks);
+  forward(gloo_.get(), "monitored_barrier", c10d::OpType::BARRIER, {}, [=](c10d::Backend* b) {
+    b->monitoredBarrier(opts, waitAllRanks);
+    return c10::intrusive_ptr<c10d::Work>();
+  })->wait();
 }
 
 void QncclBackend::setSequenceNumberForGroup() { gloo_->setSequenceNumberForGroup(); }
@@ -445,12 +608,19 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::endCoalescing() {
 
 void QncclBackend::shutdown() {
   if (shutDown_.exchange(true)) return;  // idempotent: destroy_process_group may call it twice
+  // calls still queued run first, within the group's timeout; those that could not start by
+  // then fail (each running one is bounded by its own timeout)
+  queue_.stop(timeout_, prefix() +
+                            "the group was destroyed before this collective could start (it was "
+                            "still queued after the group's timeout)");
   if (nccl_) nccl_->shutdown();
   gloo_->shutdown();
 }
 
 void QncclBackend::abort() {
   if (shutDown_.exchange(true)) return;
+  queue_.stop(std::chrono::milliseconds(0),
+              prefix() + "the group was aborted before this collective could start");
   if (nccl_) nccl_->abort();
   gloo_->abort();
 }

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -13,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "algo/scratch.h"
+#include "backend/progress.h"
 #include "plan/config.h"
 #include "plan/plan.h"
 #include "transport/c10d_transport.h"
@@ -53,6 +56,10 @@ class QncclBackend : public c10d::Backend {
   void setConfig(const QuantConfig& config);
   QuantConfig getConfig() const;
   const Stats& stats() const { return stats_; }
+  // The kept buffers of this group's host-memory allreduces (algo/scratch.h): bytes held, and
+  // freeing them (after the call running now, if any; the next call allocates afresh).
+  int64_t scratchBytes() const;
+  int64_t releaseScratch();
   void resetStats();
   // The sequence number the next quantized allreduce will carry (it seeds stochastic rounding).
   uint32_t nextCallSeq() const { return callSeq_; }
@@ -141,9 +148,25 @@ class QncclBackend : public c10d::Backend {
   // Counts a pass-through call and picks the inner backend for the first tensor.
   c10d::Backend* pickAll(const std::vector<at::Tensor>& ts, const char* op) const;
   std::string prefix() const;
+  using Issued = c10::intrusive_ptr<c10d::Work>;
+  // A pass-through call. CUDA tensors, and host tensors while nothing of this group is queued, go
+  // to the inner backend at once; host tensors behind queued work wait in the queue, so the inner
+  // Gloo sees this rank's calls in the order they were issued (its collectives match by order).
+  // `outputs`: what the queued Work's result() and future give.
+  c10::intrusive_ptr<c10d::Work> forward(c10d::Backend* inner, const char* op, c10d::OpType type,
+                                         std::vector<at::Tensor> outputs,
+                                         std::function<Issued(c10d::Backend*)> issue);
+  // Raises once a quantized allreduce of this group failed in its transport.
+  void checkUsable(const char* op) const;
+  void breakWith(const std::string& why);
   c10::intrusive_ptr<c10d::Work> passThroughAllreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts);
-  void runQuantizedCpu(const Plan& plan, at::Tensor& tensor, std::chrono::milliseconds timeout);
+  // On the progress thread: one quantized allreduce of host memory. A transport failure breaks
+  // the group (checkUsable); a disagreement of the ranks raises on every rank and does not.
+  void runQueued(const Plan& plan, at::Tensor& tensor, std::chrono::milliseconds timeout);
+  // Returns the ranks' disagreement on the call's header ("" when they agree and it ran).
+  std::string runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
+                              std::chrono::milliseconds timeout);
   c10::intrusive_ptr<c10d::Work> allreduceCuda(Plan plan, std::vector<at::Tensor>& tensors,
                                                const c10d::AllreduceOptions& opts);
   // The CUDA path of this group, set up (collectively, through the store) on first use.
@@ -153,8 +176,10 @@ class QncclBackend : public c10d::Backend {
   // does; after kQuietCalls eligible allreduces that all passed through, once, that none was
   // quantized (and the last reason).
   void logDecision(const Plan& plan, const at::Tensor& t, c10d::ReduceOp op);
-  // Exchange the plan's header; throws on every rank, naming the difference, if ranks disagree.
-  void agreeOnPlan(const Plan& plan, C10dTransport& t);
+  // Exchange the plan's header; returns the difference, if ranks disagree ("" if they agree).
+  std::string agreeOnPlan(const Plan& plan, C10dTransport& t);
+  // Raises the disagreement agreeOnPlan found, on every rank alike.
+  void requireAgreement(const std::string& mismatch) const;
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
@@ -173,6 +198,12 @@ class QncclBackend : public c10d::Backend {
   bool quietLogged_ = false;
   const bool disabled_;
   std::atomic<uint32_t> callSeq_{0};  // quantized allreduces issued here (seeds the rounding noise)
+  mutable std::mutex scratchMutex_;   // held by the call that uses scratch_
+  Scratch scratch_;
+  mutable std::mutex brokenMutex_;
+  std::string broken_;  // the first transport failure of a quantized allreduce
+  // last, so that it stops (and joins its thread) before the members its tasks use go
+  ProgressQueue queue_;
 };
 
 }  // namespace qcomm

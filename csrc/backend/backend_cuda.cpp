@@ -224,7 +224,8 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   // allocation that synchronises the device would wait for that peer.
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   C10dTransport control(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
-  agreeOnPlan(plan, control);  // host-side, over Gloo: nothing waits for the device
+  requireAgreement(
+      agreeOnPlan(plan, control));  // host-side, over Gloo: nothing waits for the device
   // an earlier call's kernel gave up: say so before enqueuing more. After the agreement, so that
   // a peer whose kernels ended cleanly is not left waiting in it: it enqueues, and its kernel
   // stops at once on the abort word the failed rank set in every buffer.

@@ -1,11 +1,46 @@
-// CompletedWork: what DDP's comm hook and Megatron's handle.wait() see for a quantized allreduce.
+// QueuedWork and CompletedWork: what DDP's comm hook and Megatron's handle.wait() see.
 #include "backend/work.h"
+
+#include <mutex>
+#include <set>
 
 #ifdef QCOMM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
 namespace qcomm {
+
+QueuedWork::QueuedWork(int rank, c10d::OpType type, const char* title,
+                       std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type, title, inputs), outputs_(std::move(outputs)) {
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+
+int QueuedWork::sourceRank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sourceRank_;
+}
+
+void QueuedWork::complete(int sourceRank) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    sourceRank_ = sourceRank;
+  }
+  future_->markCompleted(c10::IValue(outputs_));
+  finish();
+}
+
+void QueuedWork::fail(const std::exception_ptr& e) {
+  future_->setError(e);
+  finish(e);
+}
+
+const char* internTitle(const std::string& title) {
+  static std::mutex m;
+  static std::set<std::string>* titles = new std::set<std::string>();  // never freed
+  std::lock_guard<std::mutex> lock(m);
+  return titles->insert(title).first->c_str();
+}
 
 CompletedWork::CompletedWork(int rank, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, c10d::OpType::ALLREDUCE, "qnccl:all_reduce"), outputs_(std::move(outputs)) {

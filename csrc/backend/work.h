@@ -1,5 +1,5 @@
-// Work objects for quantized allreduce on host memory: the algorithm has already run when the Work
-// is created, so it is born complete, with a completed future holding the output tensors.
+// Work objects: a collective queued on the group's progress thread (QueuedWork), one born complete
+// (CompletedWork), and a quantized allreduce of CUDA tensors (CudaWork).
 #pragma once
 
 #include <functional>
@@ -12,6 +12,34 @@
 #endif
 
 namespace qcomm {
+
+// A collective that runs on the group's progress thread, as Gloo's AsyncWork behaves: wait()
+// blocks until it ran and raises its error; isCompleted() polls; the future completes with the
+// output tensors (or the error) on the progress thread, where the callbacks DDP's comm hooks chain
+// run. The profiler's record (`title`, with the input tensors) spans issue to completion.
+class QueuedWork : public c10d::Work {
+ public:
+  QueuedWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> inputs,
+             std::vector<at::Tensor> outputs);
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  int sourceRank() const override;
+
+  // Called once, on the progress thread, when the outputs are final (`sourceRank`: the sender
+  // of a receive from any source).
+  void complete(int sourceRank = -1);
+  void fail(const std::exception_ptr& e);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int sourceRank_ = -1;
+};
+
+// A title for the profiler's record that lives as long as the process (c10d::Work keeps the
+// pointer): "qnccl:all_reduce two_step 8/8 g128".
+const char* internTitle(const std::string& title);
 
 class CompletedWork : public c10d::Work {
  public:

@@ -112,8 +112,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              d["input_bytes"] = b.stats().inputBytes.load();
              d["wire_bytes"] = b.stats().wireBytes.load();
              d["next_call_seq"] = b.nextCallSeq();
+             d["buffer_bytes"] = b.scratchBytes();
              return d;
            })
+      .def("release_buffers", &QncclBackend::releaseScratch,
+           py::call_guard<py::gil_scoped_release>())
       .def("reset_stats", &QncclBackend::resetStats)
       .def(
           "plan",

@@ -14,6 +14,7 @@
 
 #include "algo/algorithms.h"
 #include "backend/backend.h"
+#include "backend/progress.h"
 #include "codec/codec_cpu.h"
 #include "codec/codec_ops.h"
 #include "common/errors.h"
@@ -307,6 +308,8 @@ void registerTesting(py::module& m, py::object backendBase) {
   m.def("set_cpu_isa", &setCpuIsa, py::arg("name"));
   m.def("live_backends", &QncclBackend::liveCount,
         "QncclBackend objects alive in this process (for tests of group destruction)");
+  m.def("progress_threads", &ProgressQueue::liveThreads,
+        "groups' progress threads alive in this process (for tests of group destruction)");
   m.def("reload_settings", &settings::reload,
         "forget the process-scoped settings read so far (tests that change the environment)");
   m.def("collective_allreduce_for_test", &collectiveAllreduce, py::arg("backend"),

@@ -44,7 +44,11 @@ void C10dTransport::await(const c10::intrusive_ptr<c10d::Work>& w, const std::st
     cause = e.what();
   }
   TORCH_CHECK(false, rankPrefix(rank(), world()), "allreduce: ", what, " failed (timeout ",
-              timeout_.count(), " ms; a peer may have died or stopped): ", cause);
+              timeout_.count(),
+              " ms; a peer may have died or stopped, or issued a different collective: for "
+              "instance its call passed through, with a size on the other side of min_bytes, "
+              "another op or dtype, or another config): ",
+              cause);
 }
 
 c10::intrusive_ptr<c10d::Work> C10dTransport::isend(const at::Tensor& t, int peer, int tag) {
@@ -211,7 +215,14 @@ void C10dTransport::finish() {
 
 void C10dTransport::allGatherNow(at::Tensor& out, at::Tensor& in, const std::string& what) {
   bytesSent_ += in.numel() * (world() - 1);
-  await(inner_->_allgather_base(out, in), what);
+  c10::intrusive_ptr<c10d::Work> w;
+  try {  // Gloo raises at once when a peer's connection is already closed
+    w = inner_->_allgather_base(out, in);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, rankPrefix(rank(), world()), "allreduce: ", what,
+                " failed: ", e.what_without_backtrace());
+  }
+  await(w, what);
 }
 
 }  // namespace qcomm
