@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -139,6 +141,22 @@ def _agree_on_config(store, rank: int, size: int, cfg: QuantConfig) -> None:
         )
 
 
+def _cpu_threads(store, rank: int, size: int) -> int:
+    """The threads the codec of the group's quantized CPU allreduces uses: QCOMM_CPU_THREADS when
+    set; else torch's intra-op thread count, but no more than this rank's share of the cores the
+    process may run on, split among the group's ranks on this host (found through the store by
+    host name), so that ranks sharing a host do not oversubscribe it."""
+    n = _C.setting("QCOMM_CPU_THREADS")["number"]
+    if n:
+        return n
+    host = socket.gethostname()
+    key = "qcomm_host/"
+    store.set(key + str(rank), host)
+    local = sum(store.get(key + str(r)).decode() == host for r in range(size))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(torch.get_num_threads(), (cores or 1) // max(1, local)))
+
+
 def _create(opts, pg_options):
     """The creator torch calls once per qnccl group (extended API).
 
@@ -156,6 +174,7 @@ def _create(opts, pg_options):
     # the operator's switch: before any connection, so that ranks that disagree all raise here
     disabled = bool(_agree_at_creation(store, rank, size, "QCOMM_DISABLE"))
     _agree_on_config(store, rank, size, cfg)
+    threads = _cpu_threads(store, rank, size)
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
@@ -166,7 +185,9 @@ def _create(opts, pg_options):
         nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, nopts)
     # the store also carries the CUDA-IPC buffer handles (csrc/transport/cuda_ipc.cpp)
     ipc_store = dist.PrefixStore("qcomm", store)
-    return _C.QncclBackend(rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store, disabled)
+    return _C.QncclBackend(
+        rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store, disabled, threads
+    )
 
 
 def _register() -> None:
@@ -218,7 +239,9 @@ def stats(group=None) -> dict:
     went to the inner backend), input_bytes and wire_bytes (bytes this rank sent) of the quantized
     allreduces, and their ratio compression; next_call_seq, the number the next quantized
     allreduce will carry (it seeds stochastic rounding; it is not reset); buffer_bytes, what the
-    group keeps allocated for its next host-memory allreduce (release_buffers frees it)."""
+    group keeps allocated for its next host-memory allreduce (release_buffers frees it);
+    cpu_threads, the threads the codec of its last quantized CPU allreduce could use
+    (QCOMM_CPU_THREADS; 0 before the first)."""
     s = dict(backend_of(group).stats())
     s["compression"] = s["input_bytes"] / s["wire_bytes"] if s["wire_bytes"] else None
     return s

@@ -3,8 +3,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -31,14 +33,16 @@ int64_t QncclBackend::liveCount() { return liveBackends.load(); }
 QncclBackend::QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
                            c10::intrusive_ptr<c10d::Backend> gloo,
                            c10::intrusive_ptr<c10d::Backend> nccl, const QuantConfig& config,
-                           c10::intrusive_ptr<c10d::Store> store, bool disabled)
+                           c10::intrusive_ptr<c10d::Store> store, bool disabled, int cpuThreads)
     : c10d::Backend(rank, size),
       timeout_(timeout),
       gloo_(std::move(gloo)),
       nccl_(std::move(nccl)),
       store_(std::move(store)),
       config_(config),
-      disabled_(disabled) {
+      disabled_(disabled),
+      cpuThreads_(cpuThreads) {
+  TORCH_CHECK_VALUE(cpuThreads >= 0, prefix(), "cpu_threads must be >= 0, got ", cpuThreads);
   TORCH_CHECK(gloo_, prefix(), "qnccl needs an inner Gloo backend");
   validateConfig(config_);
   init();
@@ -350,6 +354,11 @@ void QncclBackend::runQueued(const Plan& plan, at::Tensor& tensor,
                              std::chrono::milliseconds timeout) {
   const at::NoGradGuard noGrad;  // grad mode is per thread: the copy-back stays out of autograd
   checkUsable("allreduce");
+  // the codec's threads (at::parallel_for), this thread's alone: torch's count elsewhere is not
+  // touched
+  at::internal::lazy_init_num_threads();
+  if (cpuThreads_ > 0 && at::get_num_threads() != cpuThreads_) omp_set_num_threads(cpuThreads_);
+  cpuThreadsUsed_ = at::get_num_threads();
   std::string mismatch;
   try {
     mismatch = runQuantizedCpu(plan, tensor, timeout);

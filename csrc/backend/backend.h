@@ -39,11 +39,12 @@ struct CudaPathDeleter {
 class QncclBackend : public c10d::Backend {
  public:
   // disabled (QCOMM_DISABLE=1 at the group's creation): every collective passes through, whatever
-  // config is set.
+  // config is set. cpuThreads: the threads the codec of a quantized CPU allreduce uses (0: torch's
+  // intra-op thread count); the results do not depend on it.
   QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
                c10::intrusive_ptr<c10d::Backend> gloo, c10::intrusive_ptr<c10d::Backend> nccl,
                const QuantConfig& config, c10::intrusive_ptr<c10d::Store> store = {},
-               bool disabled = false);
+               bool disabled = false, int cpuThreads = 0);
   ~QncclBackend() override;
 
   // QncclBackend objects alive in this process (a test reads it: destroy_process_group must
@@ -59,6 +60,8 @@ class QncclBackend : public c10d::Backend {
   // The kept buffers of this group's host-memory allreduces (algo/scratch.h): bytes held, and
   // freeing them (after the call running now, if any; the next call allocates afresh).
   int64_t scratchBytes() const;
+  // The threads the codec of the last quantized CPU allreduce could use (0 before the first).
+  int cpuThreadsUsed() const { return cpuThreadsUsed_.load(); }
   int64_t releaseScratch();
   void resetStats();
   // The sequence number the next quantized allreduce will carry (it seeds stochastic rounding).
@@ -197,6 +200,8 @@ class QncclBackend : public c10d::Backend {
   int64_t eligibleCalls_ = 0;     // allreduces of fp32/fp16/bf16 dense tensors, SUM or AVG
   bool quietLogged_ = false;
   const bool disabled_;
+  const int cpuThreads_;
+  std::atomic<int> cpuThreadsUsed_{0};
   std::atomic<uint32_t> callSeq_{0};  // quantized allreduces issued here (seeds the rounding noise)
   mutable std::mutex scratchMutex_;   // held by the call that uses scratch_
   Scratch scratch_;

@@ -65,6 +65,10 @@ std::vector<Declaration> makeDeclarations() {
   // The operator's switch: read when a group is created; its ranks must agree.
   boolean("QCOMM_DISABLE", S::kGroup, "0",
           "1 passes every collective through, whatever config the code passes; ranks must agree");
+  // The CPU engine: read when a group is created.
+  integer("QCOMM_CPU_THREADS", S::kGroup, "0", 0, 1024, false, "an integer from 0 to 1024",
+          "threads of the codec in one quantized CPU allreduce; 0: torch's intra-op threads, "
+          "split among the group's ranks on this host");
 
   // The process: read at first use.
   choice("QCOMM_CPU_ISA", S::kProcess, "auto", {"auto", "generic", "avx2", "avx512"},

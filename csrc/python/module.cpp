@@ -85,17 +85,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "every other collective passed through to the inner Gloo or NCCL backend. torch creates it "
       "through qcomm._create; qcomm.backend_of(group) returns it.")
       .def(py::init([](int rank, int size, std::chrono::milliseconds timeout, py::object gloo,
-                       py::object nccl, py::tuple cfg, py::object store, bool disabled) {
+                       py::object nccl, py::tuple cfg, py::object store, bool disabled,
+                       int cpuThreads) {
              c10::intrusive_ptr<c10d::Store> st;
              if (!store.is_none()) {
                st = c10::intrusive_ptr<c10d::Store>::reclaim_copy(store.cast<c10d::Store*>());
              }
              return c10::make_intrusive<QncclBackend>(rank, size, timeout, backendOf(gloo),
                                                       backendOf(nccl), configFromTuple(cfg), st,
-                                                      disabled);
+                                                      disabled, cpuThreads);
            }),
            py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("gloo"), py::arg("nccl"),
-           py::arg("config"), py::arg("store") = py::none(), py::arg("disabled") = false)
+           py::arg("config"), py::arg("store") = py::none(), py::arg("disabled") = false,
+           py::arg("cpu_threads") = 0)
       .def("cuda_transport", &QncclBackend::cudaTransport)
       .def("cuda_transport_note", &QncclBackend::cudaTransportNote)
       .def("cuda_ipc_kernels", &QncclBackend::cudaIpcKernels)
@@ -113,6 +115,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              d["wire_bytes"] = b.stats().wireBytes.load();
              d["next_call_seq"] = b.nextCallSeq();
              d["buffer_bytes"] = b.scratchBytes();
+             d["cpu_threads"] = b.cpuThreadsUsed();
              return d;
            })
       .def("release_buffers", &QncclBackend::releaseScratch,

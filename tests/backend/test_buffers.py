@@ -44,3 +44,28 @@ def test_buffers_are_reused_exact_and_released():
             # the largest call sized them; the smaller ones and the repeats grew nothing
             assert held[1] == held[2] == held[3] == held[4] == held[0], (key, held)
             assert freed == held[-1] and after == 0, (key, freed, after)
+
+
+def _threads_worker(rank, world):
+    qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
+    xs = [torch.randn(1 << 20, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    x = xs[rank].clone()
+    dist.all_reduce(x)
+    exact = torch.equal(x, ref.allreduce(xs).out)
+    return qcomm.stats()["cpu_threads"], exact, torch.get_num_threads()
+
+
+def test_codec_threads_default_splits_the_host_and_the_setting_overrides_it():
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    # unset: torch's 2 intra-op threads, but the 2 ranks of this host share its cores
+    for used, exact, torch_threads in run_ranks(_threads_worker, 2, threads=2):
+        assert torch_threads == 2
+        assert used == max(1, min(2, cores // 2)) and exact
+    # set: that many, whatever torch's count (1 here); the same bits
+    for used, exact, torch_threads in run_ranks(
+        _threads_worker, 2, threads=1, env={"QCOMM_CPU_THREADS": "3"}
+    ):
+        assert torch_threads == 1  # the caller's count is not touched
+        assert used == 3 and exact
