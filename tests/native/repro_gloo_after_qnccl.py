@@ -8,8 +8,8 @@ qnccl group sometimes fails to connect. Not a test (pytest does not collect it);
 3 ranks, each iteration: a default group of `--first` (env://; `wrapgloo`: a backend registered as
 qnccl is, whose creator returns torch's own ProcessGroupGloo), an allreduce and a barrier on it,
 destroy_process_group; a file barrier; a default Gloo group (file://), destroyed. It prints the
-first failure, or "ok" per rank, and exits 1 on a failure. How often it failed here, and what
-did not fail: README, "Known issues"; the cause is not known.
+first failure, or "ok" per rank, and exits 1 on a failure. How often it failed here:
+docs/reliability.md, "Known issue"; repro_gloo_destroy.py shows the same failure in plain torch.
 """
 
 from __future__ import annotations
