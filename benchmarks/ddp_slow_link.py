@@ -24,7 +24,6 @@ import argparse
 import csv
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -187,39 +186,7 @@ def worker(args) -> int:
 
 
 def run(args) -> int:
-    if os.geteuid() != 0:
-        print("ddp_slow_link.py needs root (ip netns, tc)", file=sys.stderr)
-        return 2
-    slow_cluster.teardown(args.world)
-    procs = []
-    try:
-        slow_cluster.setup(args.world, args.rate, args.delay)
-        ranks, _ = slow_cluster.ns_names(args.world)
-        for i, ns in enumerate(ranks):
-            env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=ROOT)
-            cmd = [
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                sys.executable,
-                os.path.abspath(__file__),
-                "--worker",
-                "--rank",
-                str(i),
-            ] + args.passthrough
-            procs.append(subprocess.Popen(cmd, env=env))
-        deadline = time.monotonic() + args.timeout
-        codes = [p.wait(timeout=max(1, deadline - time.monotonic())) for p in procs]
-        return 0 if all(c == 0 for c in codes) else 1
-    except subprocess.TimeoutExpired:
-        print(f"ddp_slow_link.py: ranks did not finish within {args.timeout} s", file=sys.stderr)
-        return 1
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        slow_cluster.teardown(args.world)
+    return slow_cluster.run_script(__file__, args)
 
 
 def main() -> int:

@@ -203,49 +203,54 @@ def worker(args) -> int:
 # ---- the orchestrator ----
 
 
-def run(args) -> int:
+def run_workers(script: str, world: int, rate: str, delay, argv, timeout: float) -> int:
+    """Runs `script --worker --rank i <argv>` in rank i's namespace of a fresh cluster (torn down
+    afterwards, also on failure or Ctrl-C), Gloo bound to the rank's veth; 0 when every rank
+    exits 0. The scripts that time things over the emulated link (this one, ddp_slow_link.py,
+    async_overlap.py, examples/diloco.py) all start their ranks here."""
+    name = os.path.basename(script)
     if os.geteuid() != 0:
-        print("slow_cluster.py needs root (ip netns, tc)", file=sys.stderr)
+        print(f"{name} needs root (ip netns, tc)", file=sys.stderr)
         return 2
-    teardown(args.world)
-    python = sys.executable
+    teardown(world)
     procs = []
     try:
-        setup(args.world, args.rate, args.delay)
-        print(
-            f"# {args.world} ranks in network namespaces, {args.rate} each way"
-            + (f", +{args.delay} delay" if args.delay else "")
-            + f", {args.threads} thread(s) per rank, {os.cpu_count()} cores",
-            flush=True,
-        )
-        ranks, _ = ns_names(args.world)
+        setup(world, rate, delay)
+        ranks, _ = ns_names(world)
         for i, ns in enumerate(ranks):
             env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=ROOT)
-            cmd = [
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                python,
-                os.path.abspath(__file__),
-                "--worker",
-                "--rank",
-                str(i),
-            ] + args.passthrough
-            procs.append(subprocess.Popen(cmd, env=env))
-        deadline = time.monotonic() + args.timeout
-        codes = []
-        for p in procs:
-            codes.append(p.wait(timeout=max(1, deadline - time.monotonic())))
+            cmd = ["ip", "netns", "exec", ns, sys.executable, os.path.abspath(script)]
+            procs.append(
+                subprocess.Popen(cmd + ["--worker", "--rank", str(i)] + list(argv), env=env)
+            )
+        deadline = time.monotonic() + timeout
+        codes = [p.wait(timeout=max(1, deadline - time.monotonic())) for p in procs]
         return 0 if all(c == 0 for c in codes) else 1
     except subprocess.TimeoutExpired:
-        print(f"slow_cluster.py: ranks did not finish within {args.timeout} s", file=sys.stderr)
+        print(f"{name}: ranks did not finish within {timeout} s", file=sys.stderr)
         return 1
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        teardown(args.world)
+        teardown(world)
+
+
+def run_script(script: str, args) -> int:
+    """run_workers for a script whose parsed options hold world, rate, passthrough (its own
+    command line), timeout and, optionally, delay."""
+    delay = getattr(args, "delay", None)
+    return run_workers(script, args.world, args.rate, delay, args.passthrough, args.timeout)
+
+
+def run(args) -> int:
+    print(
+        f"# {args.world} ranks in network namespaces, {args.rate} each way"
+        + (f", +{args.delay} delay" if args.delay else "")
+        + f", {args.threads} thread(s) per rank, {os.cpu_count()} cores",
+        flush=True,
+    )
+    return run_script(__file__, args)
 
 
 def main() -> int:

@@ -31,7 +31,6 @@ import csv
 import glob
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -209,38 +208,10 @@ def run_namespaces(args, name):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import slow_cluster
 
-    slow_cluster.teardown(args.world)
     out_json = os.path.join(args.out, f"rank0-{name.replace(' ', '_')}.json")
-    procs = []
-    try:
-        slow_cluster.setup(args.world, args.rate, None)
-        ranks, _ = slow_cluster.ns_names(args.world)
-        for i, ns in enumerate(ranks):
-            env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=ROOT)
-            cmd = [
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                sys.executable,
-                os.path.abspath(__file__),
-                "--worker",
-                "--rank",
-                str(i),
-                "--run",
-                name,
-                "--json",
-                out_json,
-            ] + args.argv
-            procs.append(subprocess.Popen(cmd, env=env))
-        for p in procs:
-            if p.wait(timeout=args.timeout) != 0:
-                raise SystemExit(f"{name}: a rank failed")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        slow_cluster.teardown(args.world)
+    argv = ["--run", name, "--json", out_json] + args.argv
+    if slow_cluster.run_workers(__file__, args.world, args.rate, None, argv, args.timeout) != 0:
+        raise SystemExit(f"{name}: a rank failed")
     with open(out_json) as f:
         return json.load(f)
 

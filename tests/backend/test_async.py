@@ -9,12 +9,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import qcomm
 from qcomm import reference as ref
 
-from dist_util import run_ranks
+from dist_util import first_answer, run_ranks
 
 
 def _inputs(k, world, n=4096):
@@ -232,28 +231,15 @@ def _fault_rank(rank, world, init_file, mode, timeout_s, out):
 @pytest.mark.parametrize("mode", ["dies", "stalls"])
 def test_peer_fault_surfaces_at_wait_and_the_group_says_so_next(mode, tmp_path):
     timeout_s = 6
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_fault_rank, args=(r, 2, str(tmp_path / "store"), mode, timeout_s, out))
-        for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        msg, seconds, issued, nxt, nxt_seconds = out.get(timeout=timeout_s * 4 + 60)
-    finally:
-        procs[0].join(timeout=60)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join()
+    (msg, seconds, issued, nxt, nxt_seconds), code = first_answer(
+        _fault_rank, 2, str(tmp_path / "store"), mode, timeout_s, timeout=timeout_s * 4 + 60
+    )
     assert "[qcomm rank 0/2] allreduce" in msg, msg
     assert seconds <= timeout_s + 5, seconds
     assert issued < 1.0, issued  # the call itself returned before the fault showed
     assert "cannot be used after an earlier quantized allreduce on it failed" in nxt, nxt
     assert nxt_seconds < 1.0, nxt_seconds  # at once, not another timeout
-    assert procs[0].exitcode == 0
+    assert code == 0
 
 
 # ---- destroy with calls queued; threads ----
@@ -295,7 +281,7 @@ def _destroy_alone_rank(rank, world, init_file, out):
     )
     dist.barrier()
     if rank == 1:
-        time.sleep(20)  # never issues the calls rank 0 queued
+        time.sleep(30)  # never issues the calls rank 0 queued (first_answer stops it)
         os._exit(0)
     works = [dist.all_reduce(torch.ones(50000), async_op=True) for _ in range(5)]
     t0 = time.monotonic()
@@ -312,22 +298,7 @@ def _destroy_alone_rank(rank, world, init_file, out):
 
 
 def test_destroy_with_calls_a_peer_never_issues_ends_within_the_timeout(tmp_path):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_destroy_alone_rank, args=(r, 2, str(tmp_path / "s"), out))
-        for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        seconds, errors, threads = out.get(timeout=120)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    (seconds, errors, threads), _ = first_answer(_destroy_alone_rank, 2, str(tmp_path / "s"))
     # the first call times out (4 s); the rest fail at once (the group is broken) or were never
     # started: no call is left hanging, and destroy returned within about one timeout
     assert seconds < 4 + 6, seconds

@@ -12,11 +12,10 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import qcomm
 
-from dist_util import run_ranks
+from dist_util import first_answer, run_ranks
 
 
 def _creation_worker(rank, world, init_file):
@@ -101,22 +100,7 @@ def _killed_rank(rank, world, init_file, algo, delay, out):
 
 @pytest.mark.parametrize("algo,delay", [("two_step", 0.05), ("two_step", 0.23), ("ring", 0.11)])
 def test_a_killed_peer_leaves_prefixed_messages(algo, delay, tmp_path):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_killed_rank, args=(r, 2, str(tmp_path / "s"), algo, delay, out))
-        for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        msgs = out.get(timeout=90)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    msgs, _ = first_answer(_killed_rank, 2, str(tmp_path / "s"), algo, delay, timeout=90)
     assert len(msgs) == 2, msgs
     first, second = msgs
     assert first.startswith("[qcomm rank 0/2] allreduce: ") and " failed" in first, first

@@ -795,6 +795,7 @@ def c_stats(ctx):
     counters = qcomm.stats()
     assert counters.pop("next_call_seq") >= 0  # a sequence number: reset_stats keeps it
     assert counters.pop("buffer_bytes") >= 0  # buffers kept from the last call (test_buffers.py)
+    assert counters.pop("cpu_threads") >= 0  # the codec's threads at the last call
     assert counters == {
         "quantized_calls": 0,
         "passthrough_calls": 0,

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import qcomm
 from qcomm import reference as ref
 
-from dist_util import file_barrier, run_ranks
+from dist_util import file_barrier, first_answer, run_ranks
 
 
 def _digest(t):
@@ -174,26 +174,13 @@ def _fault_rank(rank, world, init_file, mode, timeout_s, out):
 @pytest.mark.parametrize("mode", ["dies", "stalls"])
 def test_peer_fault_raises_within_timeout(mode, tmp_path):
     timeout_s = 6
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_fault_rank, args=(r, 2, str(tmp_path / "store"), mode, timeout_s, out))
-        for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        msg, seconds, cleaned = out.get(timeout=timeout_s * 4 + 60)
-    finally:
-        procs[0].join(timeout=60)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join()
+    (msg, seconds, cleaned), code = first_answer(
+        _fault_rank, 2, str(tmp_path / "store"), mode, timeout_s, timeout=timeout_s * 4 + 60
+    )
     assert "[qcomm rank 0/2] allreduce" in msg, msg
     assert seconds <= timeout_s + 5, f"took {seconds:.1f} s with a {timeout_s} s timeout"
     assert cleaned
-    assert procs[0].exitcode == 0
+    assert code == 0
 
 
 def _store_host(port, ready):
