@@ -37,15 +37,8 @@ def worker(args) -> int:
     sys.path.insert(0, ROOT)
     import qcomm
 
-    torch.set_num_threads(args.threads)
     rank, world = args.rank, args.world
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{slow_cluster.SUBNET}.1:{args.port}",
-        rank=rank,
-        world_size=world,
-    )
-    ctl = dist.new_group(backend="gloo")
+    ctl = slow_cluster.join(args)
     q = dist.new_group(backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=8, ag_bits=8))
     n = slow_cluster._parse_size(args.size) // 4
     x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
@@ -75,44 +68,32 @@ def worker(args) -> int:
     reps = int(reps)
 
     times = {"issue": [], "allreduce": [], "compute": [], "sync+compute": [], "async+compute": []}
+
+    def timed(body):
+        # the tensor (and a Work, which holds it) is freed after the clock stops, when this
+        # frame ends: freeing 64 MiB takes milliseconds and must not land inside a timing
+        buf = x.clone()
+        dist.barrier(group=ctl)
+        t0 = time.perf_counter()
+        body(buf)
+        return time.perf_counter() - t0
+
+    def issue_only(buf):
+        issued.append(dist.all_reduce(buf, group=q, async_op=True))
+
+    def overlapped(buf):
+        w = dist.all_reduce(buf, group=q, async_op=True)
+        compute(reps)
+        w.wait()
+
     for _ in range(args.warmup + args.iters):
-        r = {}
-        # a Work holds its tensor: drop the last round's before each timing, or freeing them
-        # (64 MiB: milliseconds) lands inside it
-        w = buf = None
-        buf = x.clone()
-        dist.barrier(group=ctl)
-        t0 = time.perf_counter()
-        w = dist.all_reduce(buf, group=q, async_op=True)
-        r["issue"] = time.perf_counter() - t0
-        w.wait()
-        w = None
-        buf = None
-        buf = x.clone()
-        dist.barrier(group=ctl)
-        t0 = time.perf_counter()
-        dist.all_reduce(buf, group=q)
-        r["allreduce"] = time.perf_counter() - t0
-        dist.barrier(group=ctl)
-        t0 = time.perf_counter()
-        compute(reps)
-        r["compute"] = time.perf_counter() - t0
-        buf = None
-        buf = x.clone()
-        dist.barrier(group=ctl)
-        t0 = time.perf_counter()
-        dist.all_reduce(buf, group=q)
-        compute(reps)
-        r["sync+compute"] = time.perf_counter() - t0
-        buf = None
-        buf = x.clone()
-        dist.barrier(group=ctl)
-        t0 = time.perf_counter()
-        w = dist.all_reduce(buf, group=q, async_op=True)
-        compute(reps)
-        w.wait()
-        w = None
-        r["async+compute"] = time.perf_counter() - t0
+        issued = []
+        r = {"issue": timed(issue_only)}
+        issued.pop().wait()
+        r["allreduce"] = timed(lambda b: dist.all_reduce(b, group=q))
+        r["compute"] = timed(lambda b: compute(reps))
+        r["sync+compute"] = timed(lambda b: (dist.all_reduce(b, group=q), compute(reps)))
+        r["async+compute"] = timed(overlapped)
         for k, v in r.items():
             times[k].append(slowest(v))
     for k in times:
@@ -140,28 +121,14 @@ def worker(args) -> int:
     return 0
 
 
-def run(args) -> int:
-    return slow_cluster.run_script(__file__, args)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--rate", default="1gbit")
+    slow_cluster.add_cluster_args(ap, port=29585, timeout=1800, delay=False)
     ap.add_argument("--size", default="64M")
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--port", type=int, default=29585)
     ap.add_argument("--csv", default=None)
-    ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        return worker(args)
-    args.passthrough = list(sys.argv[1:])
-    return run(args)
+    return slow_cluster.dispatch(ap, __file__, worker)
 
 
 if __name__ == "__main__":

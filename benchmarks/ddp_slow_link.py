@@ -68,15 +68,8 @@ def worker(args) -> int:
     sys.path.insert(0, ROOT)
     import qcomm
 
-    torch.set_num_threads(args.threads)
     rank, world = args.rank, args.world
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{slow_cluster.SUBNET}.1:{args.port}",
-        rank=rank,
-        world_size=world,
-    )
-    ctl = dist.new_group(backend="gloo")  # barriers and timings: never the groups timed
+    ctl = slow_cluster.join(args)  # barriers and timings: never the groups timed
     groups = {
         "gloo": dist.new_group(backend="gloo"),
         "bf16_hook": dist.new_group(backend="gloo"),
@@ -185,15 +178,9 @@ def worker(args) -> int:
     return 0
 
 
-def run(args) -> int:
-    return slow_cluster.run_script(__file__, args)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--delay", default=None)
+    slow_cluster.add_cluster_args(ap, port=29581, timeout=3600)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument(
@@ -204,17 +191,8 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--port", type=int, default=29581)
     ap.add_argument("--csv", default=None)
-    ap.add_argument("--timeout", type=float, default=3600)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        return worker(args)
-    args.passthrough = list(sys.argv[1:])
-    return run(args)
+    return slow_cluster.dispatch(ap, __file__, worker)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,27 @@ def _parse_size(text: str) -> int:
     return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
 
 
+def join(args, backend: str = "gloo", pg_options=None):
+    """In a rank's namespace: --threads torch threads, the default group of `backend` through
+    rank 0's address, and a separate Gloo group for the script's barriers and timings (never a
+    group being timed), which it returns."""
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, ROOT)
+    import qcomm  # noqa: F401  (registers qnccl)
+
+    torch.set_num_threads(args.threads)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{SUBNET}.1:{args.port}",
+        rank=args.rank,
+        world_size=args.world,
+        pg_options=pg_options,
+    )
+    return dist.new_group(backend="gloo")
+
+
 def worker(args) -> int:
     import torch
     import torch.distributed as dist
@@ -87,16 +108,8 @@ def worker(args) -> int:
     sys.path.insert(0, ROOT)
     import qcomm
 
-    torch.set_num_threads(args.threads)
-    rank, world = args.rank, args.world
-    dist.init_process_group(
-        "qnccl",
-        init_method=f"tcp://{SUBNET}.1:{args.port}",
-        rank=rank,
-        world_size=world,
-        pg_options=qcomm.QuantConfig(min_bytes=0),
-    )
-    gloo = dist.new_group(backend="gloo")
+    rank = args.rank
+    gloo = join(args, "qnccl", qcomm.QuantConfig(min_bytes=0))
     rows = []
 
     def timed(fn, make):
@@ -236,34 +249,49 @@ def run_workers(script: str, world: int, rate: str, delay, argv, timeout: float)
         teardown(world)
 
 
-def run_script(script: str, args) -> int:
-    """run_workers for a script whose parsed options hold world, rate, passthrough (its own
-    command line), timeout and, optionally, delay."""
+def add_cluster_args(ap, port: int, timeout: float, delay: bool = True) -> None:
+    """The options every script over the emulated link takes: --world, --rate, (--delay),
+    --threads, --port, --timeout, and the hidden --worker/--rank its ranks are started with."""
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--rate", default="1gbit", help="tc rate each way per rank, e.g. 1gbit, 10gbit")
+    if delay:
+        ap.add_argument("--delay", default=None, help="optional added latency, e.g. 100us")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--port", type=int, default=port)
+    ap.add_argument("--timeout", type=float, default=timeout)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def dispatch(ap, script: str, worker, before=None) -> int:
+    """Parses the command line: a rank (--worker) runs worker(args); otherwise the cluster is set
+    up and every rank started with the same options (after before(args), if given)."""
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if before is not None:
+        before(args)
     delay = getattr(args, "delay", None)
-    return run_workers(script, args.world, args.rate, delay, args.passthrough, args.timeout)
+    return run_workers(script, args.world, args.rate, delay, sys.argv[1:], args.timeout)
 
 
-def run(args) -> int:
+def _header(args) -> None:
     print(
         f"# {args.world} ranks in network namespaces, {args.rate} each way"
         + (f", +{args.delay} delay" if args.delay else "")
         + f", {args.threads} thread(s) per rank, {os.cpu_count()} cores",
         flush=True,
     )
-    return run_script(__file__, args)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--rate", default="1gbit", help="tc rate each way per rank, e.g. 1gbit, 10gbit")
-    ap.add_argument("--delay", default=None, help="optional added latency, e.g. 100us")
+    add_cluster_args(ap, port=29577, timeout=1800)
     ap.add_argument("--sizes", default="64M")
     ap.add_argument("--algorithms", default="two_step,ring,semi_ring")
     ap.add_argument("--bits", default="8/8,4/8,4/4")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--microshards", type=int, default=4)
     ap.add_argument("--rotate", action="store_true", help="QuantConfig(rotate=True)")
     ap.add_argument(
@@ -272,17 +300,8 @@ def main() -> int:
         help="CPU codec loops to time side by side, e.g. generic,avx512 (qcomm._C.cpu_isas(); "
         "default: only the one in use)",
     )
-    ap.add_argument("--port", type=int, default=29577)
     ap.add_argument("--csv", default=None)
-    ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        return worker(args)
-    # the workers get the same options
-    args.passthrough = [a for a in sys.argv[1:]]
-    return run(args)
+    return dispatch(ap, __file__, worker, before=_header)
 
 
 if __name__ == "__main__":

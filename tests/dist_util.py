@@ -1,8 +1,11 @@
 """The tests' names for qcomm.spawn: run_ranks (W spawned CPU ranks, exit codes checked) and
-file_barrier (a barrier between process groups, through files); and first_answer, for the fault
-tests, whose ranks die, stall or sleep on purpose."""
+file_barrier (a barrier between process groups, through files); and, for the fault tests, whose
+ranks die, stall or sleep on purpose: first_answer, short_timeout_group and peer_fault."""
 
+import datetime
+import os
 import queue
+import time
 
 import torch.multiprocessing as mp
 
@@ -30,3 +33,30 @@ def first_answer(target, world, *args, timeout=120):
             p.join()
     assert answer is not None, f"no answer within {timeout} s (a hang?)"
     return answer, procs[0].exitcode
+
+
+def short_timeout_group(init_file, rank, world, seconds, config=None, barrier=True):
+    """The default qnccl group over file://init_file with a timeout of `seconds` (a fault test's),
+    `config` its QuantConfig; then a barrier, so that every rank is connected before the fault."""
+    import torch.distributed as dist
+
+    import qcomm  # noqa: F401  (registers qnccl)
+
+    dist.init_process_group(
+        "qnccl",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=seconds),
+        pg_options=config,
+    )
+    if barrier:
+        dist.barrier()
+
+
+def peer_fault(mode, seconds):
+    """The faulty peer: "dies" exits at once without a word; "stalls" sleeps past the timeout
+    (`seconds`, four times over), then exits. Never returns."""
+    if mode != "dies":
+        time.sleep(seconds * 4)
+    os._exit(0)

@@ -2,7 +2,6 @@
 issue order with the pass-through calls, and behaves as Gloo's async work does (wait, is_completed,
 the future and its callbacks, errors at wait, destroy with calls queued, no thread left behind)."""
 
-import datetime
 import os
 import time
 
@@ -13,7 +12,7 @@ import torch.distributed as dist
 import qcomm
 from qcomm import reference as ref
 
-from dist_util import first_answer, run_ranks
+from dist_util import first_answer, peer_fault, run_ranks, short_timeout_group
 
 
 def _inputs(k, world, n=4096):
@@ -194,20 +193,9 @@ def test_async_calls_on_two_groups_in_opposite_orders_finish():
 def _fault_rank(rank, world, init_file, mode, timeout_s, out):
     import qcomm  # noqa: F401
 
-    dist.init_process_group(
-        "qnccl",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        pg_options=qcomm.QuantConfig(min_bytes=0),
-    )
-    dist.barrier()
+    short_timeout_group(init_file, rank, world, timeout_s, qcomm.QuantConfig(min_bytes=0))
     if rank == 1:
-        if mode == "dies":
-            os._exit(0)
-        time.sleep(timeout_s * 4)
-        os._exit(0)
+        peer_fault(mode, timeout_s)
     t0 = time.monotonic()
     w = dist.all_reduce(torch.ones(100000), async_op=True)
     issued = time.monotonic() - t0
@@ -271,15 +259,7 @@ def test_destroy_with_calls_queued_runs_them_and_leaves_no_thread():
 def _destroy_alone_rank(rank, world, init_file, out):
     import qcomm
 
-    dist.init_process_group(
-        "qnccl",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=4),
-        pg_options=qcomm.QuantConfig(min_bytes=0),
-    )
-    dist.barrier()
+    short_timeout_group(init_file, rank, world, 4, qcomm.QuantConfig(min_bytes=0))
     if rank == 1:
         time.sleep(30)  # never issues the calls rank 0 queued (first_answer stops it)
         os._exit(0)

@@ -4,7 +4,6 @@ creation raises there, on every rank; a call quantized on one rank and passed th
 causes; a peer killed at any moment of a quantized call leaves the survivor a message with
 qcomm's prefix, the step and the cause, and the group refuses its next call at once."""
 
-import datetime
 import os
 import threading
 import time
@@ -15,7 +14,7 @@ import torch.distributed as dist
 
 import qcomm
 
-from dist_util import first_answer, run_ranks
+from dist_util import first_answer, run_ranks, short_timeout_group
 
 
 def _creation_worker(rank, world, init_file):
@@ -42,13 +41,7 @@ def test_a_config_that_differs_at_creation_raises_there_on_every_rank(tmp_path):
 
 
 def _eligibility_worker(rank, world, init_file):
-    dist.init_process_group(
-        "qnccl",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=5),
-    )
+    short_timeout_group(init_file, rank, world, 5, barrier=False)
     # rank 1 lowers min_bytes after creation: its 256 KiB call is quantized, rank 0's passes through
     qcomm.set_config(qcomm.QuantConfig(min_bytes=[1 << 20, 1 << 16][rank]))
     t0 = time.monotonic()
@@ -74,15 +67,7 @@ def test_a_call_quantized_on_one_rank_only_names_the_likely_causes(tmp_path):
 
 
 def _killed_rank(rank, world, init_file, algo, delay, out):
-    dist.init_process_group(
-        "qnccl",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=6),
-        pg_options=qcomm.QuantConfig(algorithm=algo, min_bytes=0),
-    )
-    dist.barrier()
+    short_timeout_group(init_file, rank, world, 6, qcomm.QuantConfig(algorithm=algo, min_bytes=0))
     if rank == 1:
         threading.Timer(delay, lambda: os._exit(0)).start()  # dies at some moment of a call
     msgs = []

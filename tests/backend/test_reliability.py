@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import qcomm
 from qcomm import reference as ref
 
-from dist_util import file_barrier, first_answer, run_ranks
+from dist_util import file_barrier, first_answer, peer_fault, run_ranks, short_timeout_group
 
 
 def _digest(t):
@@ -145,22 +145,9 @@ def test_huge_and_denormal_values(algo):
 
 
 def _fault_rank(rank, world, init_file, mode, timeout_s, out):
-    import qcomm  # noqa: F401
-
-    dist.init_process_group(
-        "qnccl",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        pg_options=qcomm.QuantConfig(min_bytes=0),
-    )
-    dist.barrier()
+    short_timeout_group(init_file, rank, world, timeout_s, qcomm.QuantConfig(min_bytes=0))
     if rank == 1:
-        if mode == "dies":
-            os._exit(0)  # dies without a word
-        time.sleep(timeout_s * 4)  # stalls past the timeout
-        os._exit(0)
+        peer_fault(mode, timeout_s)  # dies without a word, or stalls past the timeout
     t0 = time.monotonic()
     try:
         dist.all_reduce(torch.ones(100000))
