@@ -39,7 +39,9 @@ def worker(args) -> int:
 
     rank, world = args.rank, args.world
     ctl = slow_cluster.join(args)
-    q = dist.new_group(backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=8, ag_bits=8))
+    q = dist.new_group(
+        backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=8, ag_bits=8, tune=False)
+    )
     n = slow_cluster._parse_size(args.size) // 4
     x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
     a = torch.randn(256, 256)

@@ -73,10 +73,14 @@ def worker(args) -> int:
     groups = {
         "gloo": dist.new_group(backend="gloo"),
         "bf16_hook": dist.new_group(backend="gloo"),
-        "int8": dist.new_group(backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=8, ag_bits=8)),
-        "int4": dist.new_group(backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=4, ag_bits=4)),
+        "int8": dist.new_group(
+            backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=8, ag_bits=8, tune=False)
+        ),
+        "int4": dist.new_group(
+            backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=4, ag_bits=4, tune=False)
+        ),
         "int8_blocking": dist.new_group(
-            backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=8, ag_bits=8)
+            backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=8, ag_bits=8, tune=False)
         ),
     }
     variants = [v for v in args.variants.split(",") if v]

@@ -62,7 +62,7 @@ def setup(world: int, rate: str, delay: str | None) -> None:
         sh("ip", "-n", ns, "link", "set", "eth0", "up")
         sh("ip", "-n", sw, "link", "set", f"p{i}", "master", "br0")
         sh("ip", "-n", sw, "link", "set", f"p{i}", "up")
-        for where, dev in ((ns, "eth0"), (sw, f"p{i}")):
+        for where, dev in ((ns, "eth0"), (sw, f"p{i}")) if rate != "none" else ():
             # tbf: rate with a burst of a few ms of traffic, latency bounds the queue
             args = ["tc", "-n", where, "qdisc", "add", "dev", dev, "root"]
             if delay:
@@ -253,7 +253,11 @@ def add_cluster_args(ap, port: int, timeout: float, delay: bool = True) -> None:
     """The options every script over the emulated link takes: --world, --rate, (--delay),
     --threads, --port, --timeout, and the hidden --worker/--rank its ranks are started with."""
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--rate", default="1gbit", help="tc rate each way per rank, e.g. 1gbit, 10gbit")
+    ap.add_argument(
+        "--rate",
+        default="1gbit",
+        help="tc rate each way per rank, e.g. 1gbit, 10gbit; none: no limit",
+    )
     if delay:
         ap.add_argument("--delay", default=None, help="optional added latency, e.g. 100us")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")

@@ -15,7 +15,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, _tuning
 from .config import ALGORITHMS, ENV_VARS, QuantConfig, from_env, resolve  # noqa: F401 (API)
 
 __version__ = (
@@ -38,6 +38,8 @@ __all__ = [
     "cpu_isa",
     "cpu_isas",
     "settings",
+    "tune",
+    "tuning",
 ]
 
 BACKEND = "qnccl"
@@ -141,18 +143,22 @@ def _agree_on_config(store, rank: int, size: int, cfg: QuantConfig) -> None:
         )
 
 
-def _cpu_threads(store, rank: int, size: int) -> int:
+def _hosts(store, rank: int, size: int) -> list:
+    """Every rank's host name, by rank, through the group's store."""
+    key = "qcomm_host/"
+    store.set(key + str(rank), socket.gethostname())
+    return [store.get(key + str(r)).decode() for r in range(size)]
+
+
+def _cpu_threads(hosts: list, rank: int) -> int:
     """The threads the codec of the group's quantized CPU allreduces uses: QCOMM_CPU_THREADS when
     set; else torch's intra-op thread count, but no more than this rank's share of the cores the
-    process may run on, split among the group's ranks on this host (found through the store by
-    host name), so that ranks sharing a host do not oversubscribe it."""
+    process may run on, split among the group's ranks on this host (`hosts`: every rank's host
+    name), so that ranks sharing a host do not oversubscribe it."""
     n = _C.setting("QCOMM_CPU_THREADS")["number"]
     if n:
         return n
-    host = socket.gethostname()
-    key = "qcomm_host/"
-    store.set(key + str(rank), host)
-    local = sum(store.get(key + str(r)).decode() == host for r in range(size))
+    local = sum(h == hosts[rank] for h in hosts)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(torch.get_num_threads(), (cores or 1) // max(1, local)))
 
@@ -174,7 +180,8 @@ def _create(opts, pg_options):
     # the operator's switch: before any connection, so that ranks that disagree all raise here
     disabled = bool(_agree_at_creation(store, rank, size, "QCOMM_DISABLE"))
     _agree_on_config(store, rank, size, cfg)
-    threads = _cpu_threads(store, rank, size)
+    hosts = _hosts(store, rank, size)
+    threads = _cpu_threads(hosts, rank)
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
@@ -185,9 +192,13 @@ def _create(opts, pg_options):
         nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, nopts)
     # the store also carries the CUDA-IPC buffer handles (csrc/transport/cuda_ipc.cpp)
     ipc_store = dist.PrefixStore("qcomm", store)
-    return _C.QncclBackend(
+    backend = _C.QncclBackend(
         rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store, disabled, threads
     )
+    if cfg.tune and cfg.algorithm == "auto" and not disabled and size > 1:
+        key = _tuning.cache_key(cfg, size, hosts, threads, __version__)
+        _tuning.install(backend, store, rank, size, cfg, key)
+    return backend
 
 
 def _register() -> None:
@@ -241,7 +252,8 @@ def stats(group=None) -> dict:
     allreduce will carry (it seeds stochastic rounding; it is not reset); buffer_bytes, what the
     group keeps allocated for its next host-memory allreduce (release_buffers frees it);
     cpu_threads, the threads the codec of its last quantized CPU allreduce could use
-    (QCOMM_CPU_THREADS; 0 before the first)."""
+    (QCOMM_CPU_THREADS; 0 before the first); tuned_classes and tune_seconds, the size classes
+    this rank measured (qcomm.tuning) and the time that took."""
     s = dict(backend_of(group).stats())
     s["compression"] = s["input_bytes"] / s["wire_bytes"] if s["wire_bytes"] else None
     return s
@@ -284,3 +296,52 @@ def plan(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> dict:
     """What an allreduce of `tensor` on `group` would do now: quantize or pass through (and why),
     the algorithm, bits and chunking."""
     return dict(backend_of(group).plan(tensor, op))
+
+
+def tune(group=None, sizes=None, dtypes=(torch.float32,), device="cpu") -> list:
+    """Measures now, on every rank of `group` (call it on all of them, with the same arguments),
+    which of the exact allreduce and the quantized candidates is fastest for each size (bytes; by
+    default the powers of two from the group's min_bytes to 64 MiB) and dtype, and enters each
+    choice in the group's tuning table of `device` ("cpu", or "cuda": the current CUDA device,
+    with QCOMM_CUDA_QUANTIZE=1), replacing an earlier one; allreduces of that dtype and size
+    class then follow it. With the config's ``tune``, rank 0 also writes the host-memory table to
+    the cache. Sizes below min_bytes pass through exactly and are not measured. The group's
+    algorithm must be ``auto``. Returns :func:`tuning` of `device`."""
+    be = backend_of(group)
+    cfg = get_config(group)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if sizes is None:
+        sizes, n = [], max(cfg.min_bytes, 1 << 10)
+        n = 1 << (n - 1).bit_length()
+        while n <= 64 << 20:
+            sizes.append(n)
+            n <<= 1
+    gen = torch.Generator().manual_seed(0)
+    for dtype in dtypes:
+        if dtype not in _tuning.CODES:
+            raise ValueError(
+                f"qcomm.tune: dtype {dtype} is not quantized; float32, float16 or bfloat16"
+            )
+        width = torch.empty((), dtype=dtype).element_size()
+        for size in sizes:
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise ValueError(f"qcomm.tune: sizes are byte counts > 0, got {size!r}")
+            numel = max(1, size // width)
+            if numel * width < cfg.min_bytes:
+                continue
+            be.tune(torch.randn(numel, generator=gen).to(device=device, dtype=dtype))
+    return tuning(group, device.type)
+
+
+_tune = tune  # what qcomm.tune still calls once ``import qcomm.tune`` (the CLI) has bound the name
+
+
+def tuning(group=None, device="cpu") -> list:
+    """The group's tuning table of host-memory (device "cpu") or CUDA ("cuda") allreduces, the
+    same on every rank: one dict per dtype and size class with dtype, size_class (k: messages of
+    [2^k, 2^(k+1)) bytes), bytes (the size measured), choice ("exact" or
+    "<algorithm>/<microshards>") and seconds (each candidate's time: the maximum over ranks of
+    each rank's median)."""
+    return _tuning.table(backend_of(group), torch.device(device).type == "cuda")

@@ -26,8 +26,9 @@ Bits = Optional[int]
 class QuantConfig:
     """Configuration of a qnccl group's quantized allreduce.
 
-    algorithm: ``auto`` (two_step today), ``two_step`` (Flash Communication), ``ring`` or
-        ``semi_ring`` (EQuARX), or ``none`` (every allreduce passes through exactly).
+    algorithm: ``auto`` (measured per size class where ``tune``, else two_step), ``two_step`` (Flash
+        Communication), ``ring`` or ``semi_ring`` (EQuARX), or ``none`` (every allreduce passes
+        through exactly).
     rs_bits / ag_bits: bits of the reduce phase and of the gather phase: 4, 8, or None (that phase
         ships the input dtype). Flash Communication's "INT6" is rs_bits=4, ag_bits=8.
     group_size: elements per quantization group (one scale each): a power of two, 32..1024.
@@ -40,6 +41,13 @@ class QuantConfig:
         element and an fp32 copy of the message.
     stochastic_rounding: round each code down after adding uniform noise, so the quantization
         error has mean zero over calls (for gradient traffic); still identical on every rank.
+    tune: with algorithm ``auto``, the first allreduce of host tensors of each dtype and size
+        class (a power of two of bytes, from min_bytes up) times the exact inner allreduce
+        against the quantized candidates on this link and takes the fastest, exact unless a
+        candidate is 5% faster; every rank takes rank 0's choice, kept in a cache file
+        (QCOMM_TUNE_FILE) for later runs. False: ``auto`` is two_step. None (the default): the
+        QCOMM_TUNE setting decides, on unless it is 0. An explicit algorithm is never tuned
+        over.
     """
 
     algorithm: str = "auto"
@@ -51,6 +59,7 @@ class QuantConfig:
     microshards: int = 4
     rotate: bool = False
     stochastic_rounding: bool = False
+    tune: Optional[bool] = None
 
     def __post_init__(self) -> None:
         # one rule for the algorithm's spelling, as the settings reader's: any case
@@ -74,6 +83,7 @@ class QuantConfig:
             int(self.microshards),
             bool(self.rotate),
             bool(self.stochastic_rounding),
+            bool(self.tune) if self.tune is not None else bool(_C.setting("QCOMM_TUNE")["number"]),
         )
 
     @classmethod
@@ -89,6 +99,7 @@ class QuantConfig:
             microshards=d["microshards"],
             rotate=bool(d["rotate"]),
             stochastic_rounding=bool(d["stochastic_rounding"]),
+            tune=bool(d["tune"]),
         )
 
 
@@ -119,6 +130,8 @@ def validate(cfg: QuantConfig) -> None:
         raise _bad("rotate", cfg.rotate, "True or False")
     if not isinstance(cfg.stochastic_rounding, bool):
         raise _bad("stochastic_rounding", cfg.stochastic_rounding, "True or False")
+    if cfg.tune is not None and not isinstance(cfg.tune, bool):
+        raise _bad("tune", cfg.tune, "True, False or None (QCOMM_TUNE decides)")
 
 
 def _field_value(field: str, value: dict):
@@ -127,7 +140,7 @@ def _field_value(field: str, value: dict):
         return value["text"]
     if field in ("rs_bits", "ag_bits"):
         return value["number"] or None
-    if field in ("symmetric", "rotate", "stochastic_rounding"):
+    if field in ("symmetric", "rotate", "stochastic_rounding", "tune"):
         return bool(value["number"])
     return int(value["number"])
 
@@ -156,13 +169,15 @@ def from_env(environ=None) -> QuantConfig:
 
 
 def resolve(explicit: Union[QuantConfig, dict, None]) -> QuantConfig:
-    """Explicit config over environment over defaults."""
+    """Explicit config over environment over defaults (a ``tune`` left None: QCOMM_TUNE)."""
     if explicit is None:
-        return from_env()
-    if isinstance(explicit, QuantConfig):
-        return explicit
+        explicit = from_env()
     if isinstance(explicit, dict):
-        return QuantConfig(**explicit)
+        explicit = QuantConfig(**explicit)
+    if isinstance(explicit, QuantConfig):
+        if explicit.tune is None:
+            explicit = explicit.replace(tune=bool(_C.setting("QCOMM_TUNE")["number"]))
+        return explicit
     raise TypeError(
         "qcomm: pg_options for a qnccl group must be a qcomm.QuantConfig (or a dict of its "
         "fields), "

@@ -8,6 +8,11 @@ for p in (ROOT, HERE):
         sys.path.insert(0, p)
 
 
+# The suite checks `auto` bit for bit as two_step: the tuner, which picks an algorithm from
+# timings, is off unless a test turns it on (tests/backend/test_tuner.py). Spawned ranks inherit it.
+os.environ.setdefault("QCOMM_TUNE", "0")
+
+
 def _with_experiments():
     """Whether the extension was built with QCOMM_EXPERIMENTS=1 (False when it cannot be
     imported: the other tests then say why)."""

@@ -59,6 +59,17 @@ std::string QncclBackend::prefix() const { return rankPrefix(getRank(), getSize(
 void QncclBackend::setConfig(const QuantConfig& config) {
   validateConfig(config);
   std::lock_guard<std::mutex> lock(configMutex_);
+  const QuantConfig& a = config_;
+  const QuantConfig& b = config;
+  if (a.rsBits != b.rsBits || a.agBits != b.agBits || a.groupSize != b.groupSize ||
+      a.symmetric != b.symmetric || a.minBytes != b.minBytes || a.rotate != b.rotate ||
+      a.stochasticRounding != b.stochasticRounding) {
+    // the table was measured with other bits, groups or min_bytes: it no longer says what is
+    // fastest, and the cache file is keyed by the config the group was created with
+    std::lock_guard<std::mutex> t(tuningMutex_);
+    tuning_.clear();
+    tuneFile_.clear();
+  }
   config_ = config;
 }
 
@@ -84,6 +95,8 @@ void QncclBackend::resetStats() {
   stats_.passthroughCalls = 0;
   stats_.inputBytes = 0;
   stats_.wireBytes = 0;
+  stats_.tunedClasses = 0;
+  stats_.tuneNanos = 0;
 }
 
 c10d::Backend* QncclBackend::pick(const at::Tensor& t, const char* op) const {
@@ -178,7 +191,7 @@ c10d::Backend* QncclBackend::pickAll(const std::vector<at::Tensor>& ts, const ch
   return pick(ts.front(), op);
 }
 
-Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
+CallFacts QncclBackend::factsOf(const at::Tensor& t, c10d::ReduceOp op) const {
   CallFacts f;
   f.numel = t.numel();
   f.dtype = dtypeOf(t.scalar_type());
@@ -189,9 +202,19 @@ Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
   const bool complexView = t.is_view() && t._base().is_complex();
   f.sparseOrComplex = t.is_sparse() || t.is_complex() || complexView || t.layout() != at::kStrided;
   f.world = getSize();
-  Plan p = makePlan(f, getConfig());
+  return f;
+}
+
+Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
+  const CallFacts f = factsOf(t, op);
+  Plan p;
+  {
+    std::lock_guard<std::mutex> lock(tuningMutex_);
+    p = makePlan(f, getConfig(), t.is_cuda() ? &tuningCuda_ : &tuning_);
+  }
   if (disabled_) {
     p.quantize = false;
+    p.tuneNeeded = false;
     p.reason = "QCOMM_DISABLE=1: every collective passes through";
     return p;
   }
@@ -208,6 +231,7 @@ Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
     p.reason = "CUDA tensor: qcomm was built without CUDA";
 #endif
   }
+  if (!p.quantize) p.tuneNeeded = false;
   return p;
 }
 
@@ -315,23 +339,49 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
   // (a non-contiguous view of a leaf that requires grad gets its result copied back too)
   const at::NoGradGuard noGrad;
   Plan plan = planFor(t, opts.reduceOp);
-  logDecision(plan, t, opts.reduceOp);
+  // a class still to be measured is logged once its measurement has decided
+  if (!plan.tuneNeeded) logDecision(plan, t, opts.reduceOp);
   if (!plan.quantize) return passThroughAllreduce(tensors, opts);
 #ifdef QCOMM_WITH_CUDA
-  if (t.is_cuda()) return allreduceCuda(plan, tensors, opts);
+  if (t.is_cuda()) {
+    if (plan.tuneNeeded && !cudaCapturing(t)) {
+      // measured here, on the caller's stream (every rank reaches this call of this class); a
+      // class first met under graph capture is not measured and runs two_step
+      measureClass(plan, t, callTimeout(opts), true);
+      plan = planFor(t, opts.reduceOp);
+      logDecision(plan, t, opts.reduceOp);
+      if (!plan.quantize) return passThroughAllreduce(tensors, opts);
+    }
+    return allreduceCuda(plan, tensors, opts);
+  }
 #endif
   checkUsable("allreduce");
   plan.callSeq = callSeq_++;
   auto bits = [](int b) { return b == 0 ? std::string("-") : std::to_string(b); };
-  const char* title = internTitle(std::string("qnccl:all_reduce ") + algoName(plan.algorithm) +
-                                  " " + bits(plan.rs.bits) + "/" + bits(plan.ag.bits) + " g" +
-                                  std::to_string(plan.rs.groupSize));
+  const std::string algo = plan.tuneNeeded ? "auto" : algoName(plan.algorithm);
+  const char* title =
+      internTitle(std::string("qnccl:all_reduce ") + algo + " " + bits(plan.rs.bits) + "/" +
+                  bits(plan.ag.bits) + " g" + std::to_string(plan.rs.groupSize));
   auto work =
       c10::make_intrusive<QueuedWork>(getRank(), c10d::OpType::ALLREDUCE, title, tensors, tensors);
   // the task holds the backend, so that a group dropped with calls queued lives until they ran
   auto self = c10::intrusive_ptr<QncclBackend>::reclaim_copy(this);
   const std::chrono::milliseconds timeout = callTimeout(opts);
-  auto run = [self, plan, t, timeout, work]() mutable {
+  auto run = [self, plan, t, timeout, work, opts]() mutable {
+    if (plan.tuneNeeded) {
+      // every rank reaches this call of this class in the same order: the measurement is
+      // collective; then the call takes the plan the table now gives
+      self->measureClass(plan, t, timeout, true);
+      const uint32_t seq = plan.callSeq;
+      plan = self->planFor(t, opts.reduceOp);
+      plan.callSeq = seq;
+      self->logDecision(plan, t, opts.reduceOp);
+      if (!plan.quantize) {
+        self->exactOnQueue(t, opts);
+        work->complete();
+        return;
+      }
+    }
     self->runQueued(plan, t, timeout);
     work->complete();
   };
@@ -354,14 +404,24 @@ void QncclBackend::runQueued(const Plan& plan, at::Tensor& tensor,
                              std::chrono::milliseconds timeout) {
   const at::NoGradGuard noGrad;  // grad mode is per thread: the copy-back stays out of autograd
   checkUsable("allreduce");
+  useCodecThreads();
+  std::string mismatch;
+  guardTransport([&] { mismatch = runQuantizedCpu(plan, tensor, timeout); });
+  // every rank saw the same headers and raises here, so the group stays usable
+  requireAgreement(mismatch);
+}
+
+void QncclBackend::useCodecThreads() {
   // the codec's threads (at::parallel_for), this thread's alone: torch's count elsewhere is not
   // touched
   at::internal::lazy_init_num_threads();
   if (cpuThreads_ > 0 && at::get_num_threads() != cpuThreads_) omp_set_num_threads(cpuThreads_);
   cpuThreadsUsed_ = at::get_num_threads();
-  std::string mismatch;
+}
+
+void QncclBackend::guardTransport(const std::function<void()>& body) {
   try {
-    mismatch = runQuantizedCpu(plan, tensor, timeout);
+    body();
   } catch (const c10::Error& e) {
     breakWith(e.what_without_backtrace());  // a transport failure: the peers' state is unknown
     throw;
@@ -369,8 +429,6 @@ void QncclBackend::runQueued(const Plan& plan, at::Tensor& tensor,
     breakWith(e.what());
     throw;
   }
-  // every rank saw the same headers and raises here, so the group stays usable
-  requireAgreement(mismatch);
 }
 
 void QncclBackend::requireAgreement(const std::string& mismatch) const {
@@ -395,7 +453,7 @@ std::string QncclBackend::cudaTransportNote() const {
 #endif
 
 std::string QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
-                                          std::chrono::milliseconds timeout) {
+                                          std::chrono::milliseconds timeout, bool count) {
   // Work on a contiguous buffer; a non-contiguous input gets the result copied back (in place).
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   C10dTransport transport(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
@@ -417,6 +475,7 @@ std::string QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
     runAllreduce(plan, transport, ops, buf, &scratch_);
   }
   if (!buf.is_same(tensor)) tensor.copy_(buf);
+  if (!count) return "";
   stats_.quantizedCalls++;
   stats_.inputBytes += tensor.numel() * tensor.element_size();
   stats_.wireBytes += transport.bytesSent();

@@ -25,8 +25,10 @@ namespace qcomm {
 struct Stats {
   std::atomic<int64_t> quantizedCalls{0};
   std::atomic<int64_t> passthroughCalls{0};
-  std::atomic<int64_t> inputBytes{0};  // bytes of the tensors given to quantized allreduces
-  std::atomic<int64_t> wireBytes{0};   // bytes this rank sent for quantized allreduces
+  std::atomic<int64_t> inputBytes{0};    // bytes of the tensors given to quantized allreduces
+  std::atomic<int64_t> wireBytes{0};     // bytes this rank sent for quantized allreduces
+  std::atomic<int64_t> tunedClasses{0};  // size classes this rank measured (plan/tuning.h)
+  std::atomic<int64_t> tuneNanos{0};     // time those measurements took
 };
 
 // The CUDA side of a group (backend_cuda.cpp): the device, the transport chosen at the first
@@ -68,6 +70,21 @@ class QncclBackend : public c10d::Backend {
   uint32_t nextCallSeq() const { return callSeq_; }
   // The plan an allreduce of this tensor would take now (for tests and diagnostics).
   Plan planFor(const at::Tensor& t, c10d::ReduceOp op) const;
+
+  // The tuner (tuner.cpp, plan/tuning.h). The table every rank of the group holds alike, of
+  // host-memory allreduces (cuda false; the one the cache holds) or of CUDA tensors.
+  std::vector<TuneEntry> tuningEntries(bool cuda = false) const;
+  // Entries every rank loads alike (qcomm's cache, read by rank 0 and shared through the store).
+  void loadTuning(const std::vector<TuneEntry>& entries);
+  // Rank 0 writes the table to `path` (JSON, under `keyJson`) after each measurement; "" never.
+  void setTuningCache(const std::string& path, const std::string& keyJson);
+  std::string tuningCachePath() const;
+  // Measures now (collective: every rank calls it with the same tensor shape and dtype) which of
+  // exact and the quantized candidates is fastest for allreduces of this tensor's dtype and size
+  // class, and enters the choice in the table of its device, replacing any earlier one.
+  void tune(const at::Tensor& sample);
+  // A test hook: this rank's measured time of candidate i is multiplied by factors[i].
+  void setTuneTimingFactors(std::vector<double> factors);
   c10::intrusive_ptr<c10d::Backend> inner(bool cuda) const { return cuda ? nccl_ : gloo_; }
   // The transport quantized CUDA allreduces use ("ipc" or "nccl"), "" before the first one, and
   // why CUDA IPC was not chosen (empty when it was).
@@ -168,8 +185,9 @@ class QncclBackend : public c10d::Backend {
   // the group (checkUsable); a disagreement of the ranks raises on every rank and does not.
   void runQueued(const Plan& plan, at::Tensor& tensor, std::chrono::milliseconds timeout);
   // Returns the ranks' disagreement on the call's header ("" when they agree and it ran).
+  // count: false for the tuner's runs (not in stats()).
   std::string runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
-                              std::chrono::milliseconds timeout);
+                              std::chrono::milliseconds timeout, bool count = true);
   c10::intrusive_ptr<c10d::Work> allreduceCuda(Plan plan, std::vector<at::Tensor>& tensors,
                                                const c10d::AllreduceOptions& opts);
   // The CUDA path of this group, set up (collectively, through the store) on first use.
@@ -183,6 +201,25 @@ class QncclBackend : public c10d::Backend {
   std::string agreeOnPlan(const Plan& plan, C10dTransport& t);
   // Raises the disagreement agreeOnPlan found, on every rank alike.
   void requireAgreement(const std::string& mismatch) const;
+  // On the progress thread: the codec's thread count for this group (cpuThreads).
+  void useCodecThreads();
+  // Runs `body` on the progress thread; a transport failure in it breaks the group (checkUsable).
+  void guardTransport(const std::function<void()>& body);
+  // Measures the class of `plan` (a plan with tuneNeeded, or the placeholder tune() made) on
+  // copies of `sample`, unless `onlyIfMissing` and it is in the table: host memory on the
+  // progress thread, CUDA tensors on the caller's thread and current stream.
+  void measureClass(const Plan& plan, const at::Tensor& sample, std::chrono::milliseconds timeout,
+                    bool onlyIfMissing);
+  // The exact inner allreduce of a CPU tensor, on the progress thread (a class tuned to exact).
+  void exactOnQueue(at::Tensor& t, const c10d::AllreduceOptions& opts);
+  void saveTuning() const;
+  // One timed run of the tuner on a CUDA tensor (backend_cuda.cpp): the exact NCCL allreduce
+  // (candidate null) or the candidate's quantized one, then the current stream synchronized.
+  void cudaTuneRun(const Plan* candidate, at::Tensor& work, const c10d::AllreduceOptions& opts);
+  // The tensor's current stream is capturing a CUDA graph; waiting for that stream.
+  bool cudaCapturing(const at::Tensor& t) const;
+  void cudaSync(const at::Tensor& t) const;
+  CallFacts factsOf(const at::Tensor& t, c10d::ReduceOp op) const;
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
@@ -205,6 +242,10 @@ class QncclBackend : public c10d::Backend {
   std::atomic<uint32_t> callSeq_{0};  // quantized allreduces issued here (seeds the rounding noise)
   mutable std::mutex scratchMutex_;   // held by the call that uses scratch_
   Scratch scratch_;
+  mutable std::mutex tuningMutex_;  // guards the four below
+  TuningTable tuning_, tuningCuda_;
+  std::string tuneFile_, tuneKey_;
+  std::vector<double> tuneTimingFactors_;
   mutable std::mutex brokenMutex_;
   std::string broken_;  // the first transport failure of a quantized allreduce
   // last, so that it stops (and joins its thread) before the members its tasks use go

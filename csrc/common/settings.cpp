@@ -38,6 +38,10 @@ std::vector<Declaration> makeDeclarations() {
     d.push_back(
         Declaration{name, K::kBool, scope, def, "1/0, true/false, yes/no, on/off", doc, field});
   };
+  auto text = [&](const char* name, S scope, const char* def, const char* allowed,
+                  const char* doc) {
+    d.push_back(Declaration{name, K::kText, scope, def, allowed, doc, ""});
+  };
   auto bits = [&](const char* name, const char* doc, const char* field) {
     d.push_back(Declaration{name, K::kBits, S::kGroup, "8", "4, 8 or none", doc, field});
   };
@@ -61,6 +65,10 @@ std::vector<Declaration> makeDeclarations() {
           "Hadamard-rotate each group before quantizing (CPU tensors only)", "rotate");
   boolean("QCOMM_STOCHASTIC_ROUNDING", S::kGroup, "0",
           "round codes stochastically: errors of mean zero over calls", "stochastic_rounding");
+  boolean("QCOMM_TUNE", S::kGroup, "1",
+          "auto times exact against quantized at each size class's first allreduce (CPU)", "tune");
+  text("QCOMM_TUNE_FILE", S::kGroup, "", "a file path; empty: ~/.cache/qcomm/tune-<key>.json",
+       "the tuning cache: measured choices are loaded from it and saved to it");
 
   // The operator's switch: read when a group is created; its ranks must agree.
   boolean("QCOMM_DISABLE", S::kGroup, "0",
@@ -209,6 +217,9 @@ Value parse(const std::string& name, const std::string& raw) {
       }
       return v;
     }
+    case K::kText:
+      v.text = t;
+      return v;
     case K::kBits: {
       const std::string l = lower(t);
       if (l == "4" || l == "8") {

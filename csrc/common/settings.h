@@ -22,6 +22,7 @@ enum class Kind {
   kInteger,  // a whole number in [minimum, maximum], a power of two where powerOfTwo
   kBool,     // 1/0, true/false, yes/no, on/off
   kBits,     // 4, 8, or none (0 and the empty string mean none too)
+  kText,     // any text (a path), kept as given less surrounding white space
 };
 
 struct Declaration {
@@ -38,7 +39,7 @@ struct Declaration {
 };
 
 // A setting's value: its canonical text, and the number it stands for (kInteger: the number;
-// kBool: 0 or 1; kBits: 0, 4 or 8; kChoice: the index in choices).
+// kBool: 0 or 1; kBits: 0, 4 or 8; kChoice: the index in choices; kText: 0).
 struct Value {
   std::string text;
   int64_t number = 0;

@@ -19,6 +19,9 @@ struct QuantConfig {
   int32_t microshards = 4;
   bool rotate = false;  // Hadamard-rotate each group before quantizing (codec.h hadamardGroup)
   bool stochasticRounding = false;  // round codes stochastically (codec.h quantizeStochastic)
+  // auto measures, at the first eligible allreduce of each dtype and size class, whether and how
+  // to quantize on this link (plan/tuning.h); an explicit algorithm is never tuned over
+  bool tune = true;
 };
 
 // Throws c10::ValueError naming the knob, the value given and what is allowed.

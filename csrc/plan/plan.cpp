@@ -31,7 +31,7 @@ ChunkRange Plan::shard(int c, int k) const {
   return {ch.begin + off, std::min<int64_t>(shardElems, ch.len - off)};
 }
 
-Plan makePlan(const CallFacts& f, const QuantConfig& cfg) {
+Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* table) {
   Plan p = factsOnly(f);
   auto passThrough = [&](const char* why) {
     p.quantize = false;
@@ -45,8 +45,22 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg) {
   if (f.dtype < 0) return passThrough("dtype is not fp32, fp16 or bf16");
   if (!f.opSum && !f.opAvg) return passThrough("op is not SUM or AVG");
   if (f.numel == 0) return passThrough("empty tensor");
-  if (f.numel * dtypeBytes(f.dtype) < cfg.minBytes) return passThrough("message below min_bytes");
-  return quantizedPlan(f, cfg);
+  const int64_t bytes = f.numel * dtypeBytes(f.dtype);
+  if (bytes < cfg.minBytes) return passThrough("message below min_bytes");
+  if (cfg.algorithm != kAuto || table == nullptr) return quantizedPlan(f, cfg);
+  const TuneEntry* e = table->find(f.dtype, sizeClassOf(bytes));
+  if (e == nullptr) {
+    Plan q = quantizedPlan(f, cfg);
+    q.tuneNeeded = cfg.tune;
+    return q;
+  }
+  if (e->choice.exact()) return passThrough("tuned: the exact allreduce measured faster here");
+  QuantConfig chosen = cfg;
+  chosen.algorithm = e->choice.algorithm;
+  chosen.microshards = e->choice.microshards;
+  Plan q = quantizedPlan(f, chosen);
+  q.tuned = true;
+  return q;
 }
 
 Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {

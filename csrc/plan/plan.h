@@ -1,4 +1,5 @@
-// The plan: a pure function of facts every rank shares (numel, dtype, op, world size, config).
+// The plan: a pure function of facts every rank shares (numel, dtype, op, world size, config,
+// tuning table).
 // It never looks at data, timing or memory, so every rank takes the same path (DESIGN invariant 6).
 #pragma once
 
@@ -8,6 +9,7 @@
 
 #include "codec/codec.h"
 #include "plan/config.h"
+#include "plan/tuning.h"
 
 namespace qcomm {
 
@@ -42,6 +44,11 @@ struct Plan {
   uint32_t callSeq = 0;
   int64_t userNumel = 0;
   int32_t userDtype = kFloat32;
+  // auto with a tuning table: `tuned` when this plan is the table's choice; `tuneNeeded` when
+  // config.tune asks for a measurement of this dtype and size class first (the plan is then
+  // two_step's until the measurement has decided).
+  bool tuned = false;
+  bool tuneNeeded = false;
 
   ChunkRange chunk(int c) const;
   ChunkRange shard(int c, int k) const;  // absolute element range of shard k of chunk c
@@ -67,7 +74,8 @@ struct CallFacts {
   int world = 1;
 };
 
-Plan makePlan(const CallFacts& f, const QuantConfig& cfg);
+// `table`: the group's tuning table, consulted where cfg.algorithm is auto (none: not tuned).
+Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* table = nullptr);
 
 // The quantized plan of an eligible call (makePlan's result once every check has passed): the
 // algorithm, codecs and chunk geometry. It checks nothing; tests use it to plan world size 1.

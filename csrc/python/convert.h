@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include "plan/config.h"
+#include "plan/tuning.h"
 
 namespace qcomm {
 
@@ -19,6 +20,7 @@ inline QuantConfig configFromTuple(const pybind11::tuple& cfg) {
   c.microshards = cfg[6].cast<int>();
   c.rotate = cfg[7].cast<bool>();
   c.stochasticRounding = cfg[8].cast<bool>();
+  c.tune = cfg[9].cast<bool>();
   validateConfig(c);
   return c;
 }
@@ -34,7 +36,40 @@ inline pybind11::dict configToDict(const QuantConfig& c) {
   d["microshards"] = c.microshards;
   d["rotate"] = c.rotate;
   d["stochastic_rounding"] = c.stochasticRounding;
+  d["tune"] = c.tune;
   return d;
+}
+
+// A tuning-table entry as qcomm.tuning() gives it and the cache file holds it.
+inline pybind11::dict entryToDict(const TuneEntry& e) {
+  pybind11::dict d;
+  d["dtype"] = e.dtype;
+  d["size_class"] = e.sizeClass;
+  d["bytes"] = e.bytes;
+  d["algorithm"] = e.choice.algorithm;
+  d["microshards"] = e.choice.microshards;
+  d["choice"] = choiceName(e.choice);
+  pybind11::dict seconds;
+  for (const auto& kv : e.seconds) seconds[pybind11::str(choiceName(kv.first))] = kv.second;
+  d["seconds"] = seconds;
+  return d;
+}
+
+// The decision part of an entry (what qcomm's cache loader checked): dtype code, size class,
+// bytes, algorithm code (none: exact), microshards.
+inline TuneEntry entryFromTuple(const pybind11::tuple& t) {
+  TuneEntry e;
+  e.dtype = t[0].cast<int32_t>();
+  e.sizeClass = t[1].cast<int32_t>();
+  e.bytes = t[2].cast<int64_t>();
+  e.choice.algorithm = t[3].cast<int32_t>();
+  e.choice.microshards = t[4].cast<int32_t>();
+  TORCH_CHECK_VALUE(e.dtype >= 0 && e.dtype <= 2 && e.sizeClass >= 0 && e.sizeClass < 63 &&
+                        (e.choice.algorithm == kAlgoNone ||
+                         (e.choice.algorithm >= kTwoStep && e.choice.algorithm <= kSemiRing)) &&
+                        e.choice.microshards >= 1 && e.choice.microshards <= 64,
+                    "[qcomm] invalid tuning entry");
+  return e;
 }
 
 }  // namespace qcomm

@@ -116,8 +116,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              d["next_call_seq"] = b.nextCallSeq();
              d["buffer_bytes"] = b.scratchBytes();
              d["cpu_threads"] = b.cpuThreadsUsed();
+             d["tuned_classes"] = b.stats().tunedClasses.load();
+             d["tune_seconds"] = double(b.stats().tuneNanos.load()) * 1e-9;
              return d;
            })
+      .def(
+          "tuning",
+          [](const QncclBackend& b, bool cuda) {
+            py::list out;
+            for (const TuneEntry& e : b.tuningEntries(cuda)) out.append(entryToDict(e));
+            return out;
+          },
+          py::arg("cuda") = false)
+      .def(
+          "load_tuning",
+          [](QncclBackend& b, const py::list& entries) {
+            std::vector<TuneEntry> es;
+            for (const auto& e : entries) es.push_back(entryFromTuple(e.cast<py::tuple>()));
+            b.loadTuning(es);
+          },
+          py::arg("entries"))
+      .def("set_tuning_cache", &QncclBackend::setTuningCache, py::arg("path"), py::arg("key"))
+      .def("tuning_cache", &QncclBackend::tuningCachePath)
+      .def("tune", &QncclBackend::tune, py::arg("sample"), py::call_guard<py::gil_scoped_release>())
       .def("release_buffers", &QncclBackend::releaseScratch,
            py::call_guard<py::gil_scoped_release>())
       .def("reset_stats", &QncclBackend::resetStats)

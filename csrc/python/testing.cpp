@@ -306,6 +306,25 @@ void registerTesting(py::module& m, py::object backendBase) {
   // the CPU codec loops' instruction set, switched (tests and benchmarks compare them; users set
   // QCOMM_CPU_ISA)
   m.def("set_cpu_isa", &setCpuIsa, py::arg("name"));
+  // the tuner (plan/tuning.h): its decision rule, and per-rank timings skewed on purpose
+  m.def(
+      "tune_candidates",
+      [](int world, bool streamOrdered) {
+        std::vector<std::string> out;
+        for (const TuneChoice& c : tuneCandidates(world, streamOrdered)) {
+          out.push_back(choiceName(c));
+        }
+        return out;
+      },
+      py::arg("world"), py::arg("stream_ordered") = false);
+  m.def("tune_decide", &decideTuning, py::arg("seconds"), py::arg("margin"));
+  m.def("tune_keep_after_first_run", &keepAfterFirstRun, py::arg("seconds"), py::arg("factor"));
+  m.def(
+      "set_tune_timing_factors",
+      [](py::object backend, std::vector<double> factors) {
+        backend.cast<QncclBackend*>()->setTuneTimingFactors(std::move(factors));
+      },
+      py::arg("backend"), py::arg("factors"));
   m.def("live_backends", &QncclBackend::liveCount,
         "QncclBackend objects alive in this process (for tests of group destruction)");
   m.def("progress_threads", &ProgressQueue::liveThreads,

@@ -260,7 +260,7 @@ def c_allreduce_algorithm_none(ctx):
 
     rank = ctx["rank"]
     default = qcomm.get_config()
-    assert default == qcomm.QuantConfig(), default
+    assert default == qcomm.QuantConfig(tune=False), default
     qcomm.set_config(qcomm.QuantConfig(algorithm="none"))
     try:
         assert qcomm.get_config().algorithm == "none"
@@ -730,7 +730,7 @@ def c_async_work_quantized(ctx):
 
     rank = ctx["rank"]
     qq = ctx["qq"]
-    assert qcomm.get_config(qq) == qcomm.QuantConfig(min_bytes=0)
+    assert qcomm.get_config(qq) == qcomm.QuantConfig(min_bytes=0, tune=False)
     qcomm.reset_stats(qq)
     t = _gen(rank, BIG, salt=5)
     w = dist.all_reduce(t, group=qq, async_op=True)
@@ -767,7 +767,7 @@ def c_subgroup(ctx):
         return (0, 0)
     assert dist.get_backend(sq) == "qnccl" and dist.get_world_size(sq) == 2
     assert dist.get_rank(sq) == rank
-    assert qcomm.get_config(sq) == qcomm.QuantConfig(group_size=64)
+    assert qcomm.get_config(sq) == qcomm.QuantConfig(group_size=64, tune=False)
     qcomm.reset_stats(sq)
 
     def f(grp):
@@ -796,6 +796,7 @@ def c_stats(ctx):
     assert counters.pop("next_call_seq") >= 0  # a sequence number: reset_stats keeps it
     assert counters.pop("buffer_bytes") >= 0  # buffers kept from the last call (test_buffers.py)
     assert counters.pop("cpu_threads") >= 0  # the codec's threads at the last call
+    assert counters.pop("tuned_classes") == 0 and counters.pop("tune_seconds") == 0  # tune off
     assert counters == {
         "quantized_calls": 0,
         "passthrough_calls": 0,
@@ -1102,7 +1103,7 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
         t = torch.ones(3) * (rank + 1)
         dist.all_reduce(t, group=sub)
         assert torch.equal(t, torch.full((3,), 3.0))
-        assert qcomm.get_config(sub) == qcomm.QuantConfig()
+        assert qcomm.get_config(sub) == qcomm.QuantConfig(tune=False)
     dist.destroy_process_group(sub)  # a no-op on rank 2 (NON_GROUP_MEMBER)
     del sub  # the last reference to the subgroup: its backend goes with it
     assert qcomm._C._testing.live_backends() == 1  # the default group's
@@ -1119,7 +1120,7 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
         world_size=world,
         pg_options=qcomm.QuantConfig(min_bytes=0),
     )
-    assert qcomm.get_config() == qcomm.QuantConfig(min_bytes=0)
+    assert qcomm.get_config() == qcomm.QuantConfig(min_bytes=0, tune=False)
     _use_default_group(rank, world, quantize=True)
     dist.destroy_process_group()
     assert not dist.is_initialized()

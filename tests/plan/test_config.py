@@ -83,17 +83,21 @@ def test_invalid_environment(var, value, allowed):
     assert str(e.value) == f"qcomm: invalid {var}='{value}'; allowed: {allowed}"
 
 
-def test_resolve_precedence_and_types():
-    explicit = qcomm.QuantConfig(rs_bits=4)
+def test_resolve_precedence_and_types(monkeypatch):
+    explicit = qcomm.QuantConfig(rs_bits=4, tune=True)
     assert qc.resolve(explicit) is explicit
-    assert qc.resolve({"ag_bits": 4}) == qcomm.QuantConfig(ag_bits=4)
+    # tune left None: QCOMM_TUNE decides (on when unset)
+    for env, want in (("0", False), ("1", True), ("", True)):
+        monkeypatch.setenv("QCOMM_TUNE", env)
+        assert qc.resolve({"ag_bits": 4}) == qcomm.QuantConfig(ag_bits=4, tune=want)
+        assert qc.resolve(None).tune is want
     with pytest.raises(TypeError, match="QuantConfig"):
         qc.resolve(42)
 
 
 def test_cpp_validation_matches_python():
     # the C++ side rejects what Python rejects, even if Python's check is bypassed
-    bad = (0, 6, 8, 128, False, 0, 4, False, False)  # rs_bits 6
+    bad = (0, 6, 8, 128, False, 0, 4, False, False, False)  # rs_bits 6
     with pytest.raises(ValueError, match="rs_bits"):
         qcomm._C.QncclBackend(0, 1, __import__("datetime").timedelta(seconds=5), None, None, bad)
 
@@ -128,9 +132,13 @@ def test_precedence_across_ranks():
     env = {"QCOMM_RS_BITS": "4", "QCOMM_MIN_BYTES": "0", "QCOMM_ALGO": "two_step"}
     results = run_ranks(_precedence_worker, 2, env=env)
     for out in results:
-        assert out["default_group"] == qcomm.QuantConfig("two_step", rs_bits=4, min_bytes=0)
-        assert out["explicit_group"] == qcomm.QuantConfig(algorithm="ring")  # explicit over env
-        assert out["after_set"] == qcomm.QuantConfig(algorithm="semi_ring", ag_bits=4)
+        assert out["default_group"] == qcomm.QuantConfig(
+            "two_step", rs_bits=4, min_bytes=0, tune=False
+        )
+        assert out["explicit_group"] == qcomm.QuantConfig(
+            algorithm="ring", tune=False
+        )  # explicit over env
+        assert out["after_set"] == qcomm.QuantConfig(algorithm="semi_ring", ag_bits=4, tune=False)
         assert out["default_unchanged"] == out["default_group"]
         assert out["nccl_options_group"] == out["default_group"]  # from the environment
         # the subgroup keeps the default min_bytes (1 MiB), so 4000 bytes pass through
@@ -162,5 +170,5 @@ def _set_config_dict_worker(rank, world):
 
 def test_set_config_takes_a_dict_as_pg_options_does():
     for got, refused in run_ranks(_set_config_dict_worker, 1):
-        assert got == qcomm.QuantConfig(algorithm="ring", rs_bits=4), got
+        assert got == qcomm.QuantConfig(algorithm="ring", rs_bits=4, tune=False), got
         assert "QuantConfig or a dict" in refused, refused

@@ -1,0 +1,143 @@
+"""qnccl with no settings against Gloo and against every fixed configuration the tuner chooses
+from, on an emulated link (benchmarks/slow_cluster.py; --rate none: veth pairs with no limit).
+
+Each rank joins three groups: the default group, qnccl with the defaults (QuantConfig(): `auto`
+with the tuner; a fresh cache file, so each size class is measured at its first call and that
+cost is reported), a Gloo group, and a qnccl group whose config is switched to each fixed
+candidate (algorithm x microshards, tune off). Per size, after the first (tuning) call, every
+variant runs --iters times interleaved, one call of each in turn; the time of a call is the
+maximum over ranks. Rank 0 prints one row per size: Gloo fp32, the defaults and their choice, the
+best fixed configuration, and the ratios (above 1: faster than Gloo).
+
+Needs root. Example (the goals of the `auto` issue):
+    sudo .venv/bin/python benchmarks/tune_defaults.py --world 2 --rate none --sizes 256K,1M,64M
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import slow_cluster  # noqa: E402
+
+
+def worker(args) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import qcomm
+    from qcomm import _C
+
+    timing = slow_cluster.join(args, "qnccl", qcomm.QuantConfig())
+    gloo = dist.new_group(backend="gloo")
+    fixed = dist.new_group(backend="qnccl", pg_options=qcomm.QuantConfig(tune=False))
+    cands = [c for c in _C._testing.tune_candidates(args.world) if c != "exact"]
+    rows = []
+
+    def once(fn, x):
+        t = x.clone()
+        dist.barrier(group=timing)
+        t0 = time.perf_counter()
+        fn(t)
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=timing)
+        return float(dt)
+
+    def config(c):
+        algo, shards = c.split("/")
+        return qcomm.QuantConfig(algorithm=algo, microshards=int(shards), tune=False)
+
+    for size in [slow_cluster._parse_size(s) for s in args.sizes.split(",")]:
+        x = torch.randn(size // 4, generator=torch.Generator().manual_seed(args.rank))
+        before = qcomm.stats()["tune_seconds"]
+        first = once(lambda t: dist.all_reduce(t), x)
+        tune_s = qcomm.stats()["tune_seconds"] - before
+        table = {e["bytes"]: e["choice"] for e in qcomm.tuning()}
+        choice = table.get(size, "below min_bytes" if size < (1 << 20) else "?")
+        times = {v: [] for v in ["gloo", "default"] + cands}
+
+        def run(v, x=x):
+            if v == "gloo":
+                return once(lambda t: dist.all_reduce(t, group=gloo), x)
+            if v == "default":
+                return once(lambda t: dist.all_reduce(t), x)
+            qcomm.set_config(config(v), group=fixed)
+            return once(lambda t: dist.all_reduce(t, group=fixed), x)
+
+        order = list(times)
+        for it in range(args.iters):
+            # each round starts with another variant, so that none is always first
+            for v in order[it % len(order) :] + order[: it % len(order)]:
+                times[v].append(run(v))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        spread = {k: (min(v), max(v)) for k, v in times.items()}
+        best = min(cands, key=lambda c: med[c])
+        best_any = min(med["gloo"], med[best])
+        rows.append(
+            (
+                size,
+                med,
+                spread,
+                choice,
+                best,
+                tune_s,
+                first,
+                med["gloo"] / med["default"],
+                best_any / med["default"],
+            )
+        )
+        if rank0(args):
+            print(
+                f"[{size} B] gloo {med['gloo'] * 1e3:.2f} ms, default {med['default'] * 1e3:.2f} ms"
+                f" ({choice}), best fixed {best} {med[best] * 1e3:.2f} ms; tuning {tune_s:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    if rank0(args):
+        print(
+            "| bytes | gloo fp32 ms | defaults ms | defaults chose | best fixed | best fixed ms "
+            "| defaults vs gloo | defaults vs best of (gloo, fixed) | tuning s |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for size, med, spread, choice, best, tune_s, _first, vs_gloo, vs_best in rows:
+            g, d = spread["gloo"], spread["default"]
+            print(
+                f"| {size} | {med['gloo'] * 1e3:.2f} ({g[0] * 1e3:.2f}-{g[1] * 1e3:.2f}) "
+                f"| {med['default'] * 1e3:.2f} ({d[0] * 1e3:.2f}-{d[1] * 1e3:.2f}) | {choice} "
+                f"| {best} | {med[best] * 1e3:.2f} | {vs_gloo:.2f}x | {vs_best:.2f}x "
+                f"| {tune_s:.2f} |"
+            )
+    dist.destroy_process_group()
+    return 0
+
+
+def rank0(args) -> bool:
+    return args.rank == 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    slow_cluster.add_cluster_args(ap, port=29581, timeout=3600)
+    ap.add_argument("--sizes", default="256K,1M,4M,16M,64M")
+    ap.add_argument("--iters", type=int, default=5)
+
+    def before(args):
+        # a fresh cache: the first call of each class measures (its cost is reported)
+        os.environ["QCOMM_TUNE_FILE"] = os.path.join(tempfile.mkdtemp(), "tune.json")
+        os.environ.setdefault("QCOMM_TUNE", "1")
+        print(
+            f"# tune_defaults: {args.world} ranks, rate {args.rate}, {args.threads} thread(s) per "
+            f"rank, {os.cpu_count()} cores, {args.iters} interleaved runs per variant",
+            flush=True,
+        )
+
+    return slow_cluster.dispatch(ap, __file__, worker, before)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

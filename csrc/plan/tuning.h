@@ -1,0 +1,68 @@
+// The tuning table: what `auto` measured on a group's own link, per dtype and message-size class
+// (messages of [2^k, 2^(k+1)) bytes): pass through exactly, or quantize with an algorithm and a
+// number of microshards. One rank decides each entry and every rank holds the same table, so the
+// plan stays a pure function of shared facts (numel, dtype, op, world, config, table).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plan/config.h"
+
+namespace qcomm {
+
+// algorithm kAlgoNone: the exact inner allreduce.
+struct TuneChoice {
+  int32_t algorithm = kAlgoNone;
+  int32_t microshards = 1;
+  bool exact() const { return algorithm == kAlgoNone; }
+  bool operator==(const TuneChoice& o) const {
+    return algorithm == o.algorithm && (exact() || microshards == o.microshards);
+  }
+};
+
+// "exact", or "<algorithm>/<microshards>" ("two_step/4").
+std::string choiceName(const TuneChoice& c);
+
+struct TuneEntry {
+  int32_t dtype = 0;      // the caller's dtype (codec.h kFloat32, ...)
+  int32_t sizeClass = 0;  // k: messages of [2^k, 2^(k+1)) bytes
+  int64_t bytes = 0;      // the message size it was measured at
+  TuneChoice choice;
+  // each candidate and its time in seconds (the maximum over ranks of each rank's median); a
+  // candidate dropped after its first run has the time of that run
+  std::vector<std::pair<TuneChoice, double>> seconds;
+};
+
+class TuningTable {
+ public:
+  const TuneEntry* find(int32_t dtype, int32_t sizeClass) const;
+  void put(const TuneEntry& e);
+  std::vector<TuneEntry> entries() const;
+  void clear() { m_.clear(); }
+
+ private:
+  std::map<std::pair<int32_t, int32_t>, TuneEntry> m_;
+};
+
+// k such that bytes lies in [2^k, 2^(k+1)) (0 for bytes < 2).
+int32_t sizeClassOf(int64_t bytes);
+
+// What the tuner times, exact first. Host memory: two_step at 1, 4 and 16 microshards, ring at 4
+// and 16, semi_ring at 4 where the world has three ranks or more. CUDA tensors (streamOrdered:
+// their transports move chunks whole, so microshards change nothing): two_step, ring, semi_ring.
+std::vector<TuneChoice> tuneCandidates(int world, bool streamOrdered = false);
+
+// The index of the choice given each candidate's time (index 0: exact; a negative time: not
+// measured): the fastest quantized candidate where it is faster than exact by more than `margin`
+// (0.05: 5%), so that noise does not tip a tie to the lossy path; else exact.
+size_t decideTuning(const std::vector<double>& seconds, double margin);
+
+// Candidates whose time after one run exceeds `factor` times the fastest (exact included) are
+// dropped from the remaining runs: their index gets false.
+std::vector<bool> keepAfterFirstRun(const std::vector<double>& seconds, double factor);
+
+}  // namespace qcomm

@@ -1,0 +1,88 @@
+"""``python -m qcomm.tune``: measure, on this machine's link, what qnccl's ``auto`` should do at
+each message size, print the table and write the cache that later groups of the same set-up load.
+
+Under torchrun (RANK and WORLD_SIZE set) it tunes the job's ranks; otherwise it spawns ``--world``
+ranks on this host. The quantization settings come from the QCOMM_* environment as for any group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import types
+
+import torch
+
+
+def _parse_size(text: str) -> int:
+    """Bytes from 1048576, 1M, 1MiB, 256K..."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper()
+    for suffix in ("IB", "B"):
+        if t.endswith(suffix) and len(t) > len(suffix) and t[-len(suffix) - 1] in units:
+            t = t[: -len(suffix)]
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def _worker(rank: int, world: int, args) -> None:
+    import torch.distributed as dist
+
+    import qcomm
+
+    if not dist.is_initialized():
+        dist.init_process_group("qnccl", rank=rank, world_size=world)
+    dtypes = [getattr(torch, d) for d in args.dtypes]
+    sizes = None
+    if args.min_size or args.max_size:
+        lo = _parse_size(args.min_size or "1M")
+        hi = _parse_size(args.max_size or "64M")
+        sizes, n = [], lo
+        while n <= hi:
+            sizes.append(n)
+            n <<= 1
+    table = qcomm.tune(sizes=sizes, dtypes=dtypes)
+    if rank == 0:
+        from qcomm import _tuning
+
+        print(f"qcomm.tune: {world} ranks, config {qcomm.get_config()}")
+        print(_tuning.format_table(table))
+        s = qcomm.stats()
+        print(f"tuning took {s['tune_seconds']:.1f} s for {s['tuned_classes']} size classes")
+        path = qcomm.backend_of().tuning_cache()
+        print(f"cache: {path or '(none: the config does not tune)'}", flush=True)
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    """The command line (see the module's docstring)."""
+    p = argparse.ArgumentParser(prog="python -m qcomm.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun")
+    p.add_argument("--min-size", default="", help="smallest size (bytes, or 1M, 256K...)")
+    p.add_argument("--max-size", default="", help="largest size (default 64M)")
+    p.add_argument("--dtypes", nargs="+", default=["float32"], help="float32 float16 bfloat16")
+    args = p.parse_args(argv)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+        return 0
+    from qcomm.spawn import run_ranks
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    run_ranks(_worker, args.world, args, timeout=3600, threads=max(1, (cores or 1) // args.world))
+    return 0
+
+
+class _CallableModule(types.ModuleType):
+    """``qcomm.tune`` is also the function: importing this module binds it to qcomm's attribute,
+    so the module forwards calls to the function."""
+
+    def __call__(self, *args, **kwargs):
+        return sys.modules["qcomm"]._tune(*args, **kwargs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+else:
+    sys.modules[__name__].__class__ = _CallableModule
