@@ -45,9 +45,9 @@ class QuantConfig:
         class (a power of two of bytes, from min_bytes up) times the exact inner allreduce
         against the quantized candidates on this link and takes the fastest, exact unless a
         candidate is 5% faster; every rank takes rank 0's choice, kept in a cache file
-        (QCOMM_TUNE_FILE) for later runs. False: ``auto`` is two_step. None (the default): the
-        QCOMM_TUNE setting decides, on unless it is 0. An explicit algorithm is never tuned
-        over.
+        (QCOMM_TUNE_FILE) for later runs. False: ``auto`` is two_step. Left unset (None), it takes
+        the QCOMM_TUNE setting when the QuantConfig is made: on unless that is 0. An explicit
+        algorithm is never tuned over.
     """
 
     algorithm: str = "auto"
@@ -65,6 +65,8 @@ class QuantConfig:
         # one rule for the algorithm's spelling, as the settings reader's: any case
         if isinstance(self.algorithm, str):
             object.__setattr__(self, "algorithm", self.algorithm.lower())
+        if self.tune is None:  # the default: what QCOMM_TUNE says now (on unless 0)
+            object.__setattr__(self, "tune", bool(_C.setting("QCOMM_TUNE")["number"]))
         validate(self)
 
     def replace(self, **changes) -> "QuantConfig":

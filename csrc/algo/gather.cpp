@@ -5,9 +5,32 @@ namespace qcomm {
 namespace algo {
 
 GatherPhase::GatherPhase(Call& c, at::Tensor send, at::Tensor recv, float* scratch, int tagBase)
-    : c_(c), send_(std::move(send)), recv_(std::move(recv)), scratch_(scratch) {
+    : c_(c),
+      inMessage_(c.gatherInMessage()),
+      send_(std::move(send)),
+      recv_(std::move(recv)),
+      scratch_(scratch) {
   unit_ = c.unit(c.plan.ag);
   const int64_t w = c.world;
+  if (inMessage_) {
+    // legs 2(off-1) and 2(off-1)+1: the send to and the receive from rank + off, in the order
+    // the all-gather below posts and sends them (the same messages on the wire)
+    for (int k = 0; k < c.pieces; ++k) {
+      const ChunkRange own = c.piece(c.rank, k);
+      std::vector<Exchange::Leg> legs;
+      for (int off = 1; off < c.world; ++off) {
+        const int j = (c.rank + off) % c.world;
+        const ChunkRange peer = c.piece(j, k);
+        legs.push_back(
+            {true, j, tagBase + k, c.messageBytes(own), encodedBytes(own.len, c.plan.ag)});
+        legs.push_back(
+            {false, j, tagBase + k, c.messageBytes(peer), encodedBytes(peer.len, c.plan.ag)});
+      }
+      ids_.push_back(
+          c.t.post(Exchange::ofLegs("gather phase, shard " + std::to_string(k), std::move(legs))));
+    }
+    return;
+  }
   for (int k = 0; k < c.pieces; ++k) {
     ids_.push_back(c.t.post(Exchange::slots(
         Exchange::kAllGather, "gather phase, shard " + std::to_string(k), tagBase + k,
@@ -28,11 +51,17 @@ void GatherPhase::decodeToOutput(const uint8_t* bytes, ChunkRange range) {
 
 void GatherPhase::ownPieceReady(int k, float* sum) {
   const ChunkRange own = c_.piece(c_.rank, k);
-  uint8_t* enc = Call::at(send_, k * unit_);
+  // in the message: this piece's elements were read for the last time by the reduce phase
+  uint8_t* enc =
+      inMessage_ ? static_cast<uint8_t*>(c_.input(own.begin)) : Call::at(send_, k * unit_);
   c_.step = "gather phase (encode)";
   if (own.len > 0) {
     if (c_.plan.average) c_.ops.divide(sum, own.len, c_.world);
     c_.ops.encode(sum, kFloat32, own.len, c_.plan.ag, enc, agNoise(c_.plan, c_.rank, own.begin));
+  }
+  if (inMessage_) {
+    for (int off = 1; off < c_.world; ++off) c_.t.ready(ids_[size_t(k)], 2 * (off - 1));
+    return;  // decoded by finish(), once the sends have left
   }
   c_.t.ready(ids_[size_t(k)], c_.rank);
   c_.step = "gather phase (decode)";
@@ -46,8 +75,15 @@ void GatherPhase::finish() {
       const int j = (c_.rank + off) % c_.world;
       const ChunkRange range = c_.piece(j, k);
       if (range.len == 0) continue;
-      decodeToOutput(c_.t.wait(ids_[size_t(k)], j), range);
+      // in the message: decoded whole into the scratch before the cast overwrites the bytes
+      decodeToOutput(c_.t.wait(ids_[size_t(k)], inMessage_ ? 2 * (off - 1) + 1 : j), range);
     }
+  }
+  if (!inMessage_) return;
+  c_.t.finish();  // this rank's pieces have reached every peer: their bytes may be overwritten
+  for (int k = 0; k < c_.pieces; ++k) {
+    const ChunkRange own = c_.piece(c_.rank, k);
+    decodeToOutput(static_cast<const uint8_t*>(c_.input(own.begin)), own);
   }
 }
 

@@ -32,7 +32,9 @@ void ring(Call& c) {
   const int64_t units = early ? int64_t(steps) * P : 1;
   at::Tensor sendBuf = c.byteBuffer(steps > 0 ? rsUnit * units : 0);
   at::Tensor recvBuf = c.byteBuffer(steps > 0 ? rsUnit * units : 0);
-  at::Tensor agSend = c.byteBuffer(agUnit * P), agRecv = c.byteBuffer(agUnit * W * P);
+  const bool inMessage = c.gatherInMessage();  // the gather phase needs no buffers
+  at::Tensor agSend = c.byteBuffer(inMessage ? 0 : agUnit * P);
+  at::Tensor agRecv = c.byteBuffer(inMessage ? 0 : agUnit * W * P);
   at::Tensor scratch = c.floatBuffer(c.inPlace() ? 0 : c.pieceElems);
   float* partialScratch = scratch.data_ptr<float>();
 

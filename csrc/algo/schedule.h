@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,26 @@ struct Call {
     for (int j = 0; j < world; ++j) b[size_t(j)] = encodedBytes(piece(j, k).len, c);
     return b;
   }
+  // 16-bit messages over a transport that overlaps the codec: the gather phase's bytes travel in
+  // the message itself, each piece's encoded bytes in that piece's own elements (GatherPhase), so
+  // that phase needs no buffers. Where some piece's encoding would not fit in its elements (a
+  // partial group of a few elements) or the message is not 16-byte aligned, it keeps its buffers.
+  bool gatherInMessage() const {
+    if (!t.overlapsCodec() || inPlace() || world < 2) return false;
+    if (reinterpret_cast<uintptr_t>(data.data_ptr()) % 16 != 0) return false;
+    for (int j = 0; j < world; ++j) {
+      for (int k = 0; k < pieces; ++k) {
+        const int64_t n = piece(j, k).len;
+        if (encodedBytes(n, plan.ag) > n * dtypeBytes(plan.dtype)) return false;
+      }
+    }
+    return true;
+  }
+  // The message's bytes of elements [begin, begin + len).
+  at::Tensor messageBytes(ChunkRange r) const {
+    const int64_t w = dtypeBytes(plan.dtype);
+    return data.reshape({-1}).view(at::kByte).narrow(0, r.begin * w, r.len * w);
+  }
   at::Tensor byteBuffer(int64_t n) const {
     if (scratch) return scratch->take(n, data.options());
     return at::empty({n}, data.options().dtype(at::kByte));
@@ -85,8 +106,11 @@ struct Call {
 // the reduce phase starts.
 class GatherPhase {
  public:
-  // send: pieces x the gather unit; recv: pieces x W units; scratch: fp32, a piece long (where
-  // the message is not fp32). tagBase: the first tag this phase may use.
+  // send: pieces x the gather unit; recv: pieces x W units (both empty where
+  // Call::gatherInMessage(): each piece's bytes then go from, and arrive in, the message's own
+  // elements of that piece, and this rank's own pieces are decoded after its sends have left);
+  // scratch: fp32, a piece long (where the message is not fp32). tagBase: the first tag this
+  // phase may use.
   GatherPhase(Call& c, at::Tensor send, at::Tensor recv, float* scratch, int tagBase);
 
   // Piece k of this rank's chunk is summed in `sum` (fp32, the piece's length; it may be
@@ -105,6 +129,7 @@ class GatherPhase {
   void decodeToOutput(const uint8_t* bytes, ChunkRange range);
 
   Call& c_;
+  const bool inMessage_;
   at::Tensor send_, recv_;
   float* scratch_;
   int64_t unit_;

@@ -60,7 +60,9 @@ void semiRing(Call& c) {
   const int64_t units = early ? int64_t(right) * P * 2 : 2;
   at::Tensor sendBuf = c.byteBuffer(right > 0 ? rsUnit * units : 0);
   at::Tensor recvBuf = c.byteBuffer(right > 0 ? rsUnit * units : 0);
-  at::Tensor agSend = c.byteBuffer(agUnit * P), agRecv = c.byteBuffer(agUnit * W * P);
+  const bool inMessage = c.gatherInMessage();  // the gather phase needs no buffers
+  at::Tensor agSend = c.byteBuffer(inMessage ? 0 : agUnit * P);
+  at::Tensor agRecv = c.byteBuffer(inMessage ? 0 : agUnit * W * P);
   at::Tensor scratch = c.floatBuffer(c.inPlace() ? 0 : c.pieceElems);
   float* partialScratch = scratch.data_ptr<float>();
 

@@ -28,10 +28,11 @@ void twoStep(Call& c) {
   // reduce codec. A stream-ordered transport has finished an exchange once it has been waited for,
   // so the gather phase reuses them; elsewhere it has its own.
   const bool reuse = !c.t.overlapsCodec();
+  const bool inMessage = c.gatherInMessage();  // the gather phase needs no buffers
   at::Tensor rsSend = c.byteBuffer(std::max(rsUnit * W * P, reuse ? agUnit : 0));
   at::Tensor rsRecv = c.byteBuffer(std::max(rsUnit * W * P, reuse ? agUnit * W : 0));
-  at::Tensor agSend = reuse ? rsSend : c.byteBuffer(agUnit * P);
-  at::Tensor agRecv = reuse ? rsRecv : c.byteBuffer(agUnit * W * P);
+  at::Tensor agSend = reuse ? rsSend : c.byteBuffer(inMessage ? 0 : agUnit * P);
+  at::Tensor agRecv = reuse ? rsRecv : c.byteBuffer(inMessage ? 0 : agUnit * W * P);
   at::Tensor scratch = c.floatBuffer(c.inPlace() ? 0 : c.pieceElems);
 
   GatherPhase gather(c, agSend, agRecv, scratch.data_ptr<float>(), P);

@@ -69,3 +69,44 @@ def test_codec_threads_default_splits_the_host_and_the_setting_overrides_it():
     ):
         assert torch_threads == 1  # the caller's count is not touched
         assert used == 3 and exact
+
+
+def _in_message_worker(rank, world):
+    # a 16-bit message's gather phase travels in the message itself (no buffers of its own);
+    # where the message is not 16-byte aligned (a view one element in) it keeps its buffers. The
+    # same bits either way, and those of the reference.
+    out = {}
+    problems = []
+    n = 200_003
+    for dtype in (torch.bfloat16, torch.float16):
+        for algo in ("two_step", "ring", "semi_ring"):
+            for bits in ((8, 8), (4, 8), (8, None), (4, 4)):
+                qcomm.set_config(
+                    qcomm.QuantConfig(algorithm=algo, rs_bits=bits[0], ag_bits=bits[1], min_bytes=0)
+                )
+                xs = [
+                    torch.randn(n, generator=torch.Generator().manual_seed(7 * r + 1)).to(dtype)
+                    for r in range(world)
+                ]
+                want = ref.allreduce(xs, algo, rs_bits=bits[0], ag_bits=bits[1]).out
+                held = {}
+                for aligned in (True, False):
+                    base = torch.empty(n + 8, dtype=dtype)
+                    x = base[:n] if aligned else base[1 : n + 1]
+                    x.copy_(xs[rank])
+                    qcomm.release_buffers()
+                    dist.all_reduce(x)
+                    if not torch.equal(x, want):
+                        problems.append(f"{dtype} {algo} {bits} aligned={aligned}")
+                    held[aligned] = qcomm.stats()["buffer_bytes"]
+                out[(str(dtype), algo, bits)] = held
+    return problems, out
+
+
+def test_the_gather_phase_of_16_bit_messages_needs_no_buffers():
+    for problems, out in run_ranks(_in_message_worker, 3):
+        assert problems == []
+        for key, held in out.items():
+            # without them the gather phase's send and receive units are gone: at least the
+            # encoded message once (a third of 200003 elements at 4 bits is over 30 KiB)
+            assert held[True] + 30_000 < held[False], (key, held)

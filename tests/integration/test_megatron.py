@@ -181,7 +181,7 @@ def _tp_dp_body(rank, world):
     # Megatron creates its groups without pg_options: they start from the env/defaults (which
     # quantize from 1 MiB), hence quantize_tensor_parallel also sets the others to exact
     assert qcomm.get_config(dp) == qcomm.from_env()
-    cfg = qcomm.QuantConfig(algorithm="two_step", rs_bits=4, ag_bits=8, min_bytes=0)
+    cfg = qcomm.QuantConfig(algorithm="two_step", rs_bits=4, ag_bits=8, min_bytes=0, tune=False)
     counts = qcomm.megatron.quantize_tensor_parallel(cfg)
     assert counts["quantized"] == 1 and counts["exact"] >= 2, counts
     assert qcomm.get_config(tp) == cfg
