@@ -56,6 +56,9 @@ def _worker(rank, world, numel, algos, bits, dtype):
         x = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(dtype)
         exact = x.to(torch.float32, copy=True)
         dist.all_reduce(exact, group=gloo)  # fp32 Gloo sum as the reference
+        # the buffers an earlier algorithm's call left (kept for the next call) would hide this
+        # one's: each call allocates afresh
+        qcomm.release_buffers()
         _reset_peak()
         base = _status_mib("VmRSS")
         t0 = time.perf_counter()
