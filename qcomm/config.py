@@ -85,7 +85,7 @@ class QuantConfig:
             int(self.microshards),
             bool(self.rotate),
             bool(self.stochastic_rounding),
-            bool(self.tune) if self.tune is not None else bool(_C.setting("QCOMM_TUNE")["number"]),
+            bool(self.tune),
         )
 
     @classmethod
@@ -171,14 +171,12 @@ def from_env(environ=None) -> QuantConfig:
 
 
 def resolve(explicit: Union[QuantConfig, dict, None]) -> QuantConfig:
-    """Explicit config over environment over defaults (a ``tune`` left None: QCOMM_TUNE)."""
+    """Explicit config over environment over defaults."""
     if explicit is None:
         explicit = from_env()
     if isinstance(explicit, dict):
         explicit = QuantConfig(**explicit)
     if isinstance(explicit, QuantConfig):
-        if explicit.tune is None:
-            explicit = explicit.replace(tune=bool(_C.setting("QCOMM_TUNE")["number"]))
         return explicit
     raise TypeError(
         "qcomm: pg_options for a qnccl group must be a qcomm.QuantConfig (or a dict of its "

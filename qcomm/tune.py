@@ -14,17 +14,7 @@ import types
 
 import torch
 
-
-def _parse_size(text: str) -> int:
-    """Bytes from 1048576, 1M, 1MiB, 256K..."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper()
-    for suffix in ("IB", "B"):
-        if t.endswith(suffix) and len(t) > len(suffix) and t[-len(suffix) - 1] in units:
-            t = t[: -len(suffix)]
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
-    return int(t)
+from qcomm.bench import parse_size
 
 
 def _worker(rank: int, world: int, args) -> None:
@@ -37,8 +27,7 @@ def _worker(rank: int, world: int, args) -> None:
     dtypes = [getattr(torch, d) for d in args.dtypes]
     sizes = None
     if args.min_size or args.max_size:
-        lo = _parse_size(args.min_size or "1M")
-        hi = _parse_size(args.max_size or "64M")
+        lo, hi = args.min_size or 1 << 20, args.max_size or 64 << 20
         sizes, n = [], lo
         while n <= hi:
             sizes.append(n)
@@ -60,8 +49,8 @@ def main(argv=None) -> int:
     """The command line (see the module's docstring)."""
     p = argparse.ArgumentParser(prog="python -m qcomm.tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun")
-    p.add_argument("--min-size", default="", help="smallest size (bytes, or 1M, 256K...)")
-    p.add_argument("--max-size", default="", help="largest size (default 64M)")
+    p.add_argument("--min-size", type=parse_size, default=0, help="smallest size (4096, 256K, 1M)")
+    p.add_argument("--max-size", type=parse_size, default=0, help="largest size (default 64M)")
     p.add_argument("--dtypes", nargs="+", default=["float32"], help="float32 float16 bfloat16")
     args = p.parse_args(argv)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
