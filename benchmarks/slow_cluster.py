@@ -138,25 +138,58 @@ def worker(args) -> int:
             if rank == 0:
                 print(f"[{size >> 20} MiB] {name}: {med:.3f} s", file=sys.stderr, flush=True)
         isas = args.isas.split(",") if args.isas else [qcomm._C.cpu_isa()]
-        for algo, bits, isa in itertools.product(
-            args.algorithms.split(","), args.bits.split(","), isas
+        rotations = {"off": [False], "on": [True], "both": [False, True]}[args.rotate]
+        configs = []
+        for algo, bits, isa, rot in itertools.product(
+            args.algorithms.split(","), args.bits.split(","), isas, rotations
         ):
             rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
-            qcomm._C._testing.set_cpu_isa(isa)
             what = f"{algo} [{isa}]" if args.isas else algo
-            qcomm.set_config(
-                qcomm.QuantConfig(
-                    algorithm=algo,
-                    rs_bits=rs,
-                    ag_bits=ag,
-                    min_bytes=0,
-                    microshards=args.microshards,
-                    rotate=args.rotate,
-                )
+            if args.rotate == "both":
+                what += " rotated" if rot else ""
+            cfg = qcomm.QuantConfig(
+                algorithm=algo,
+                rs_bits=rs,
+                ag_bits=ag,
+                min_bytes=0,
+                microshards=args.microshards,
+                rotate=rot,
+                tune=False,
             )
+            configs.append((what, bits, isa, cfg))
+
+        def one_config(x, isa, cfg, rounds):
+            qcomm._C._testing.set_cpu_isa(isa)
+            qcomm.set_config(cfg)
             before = qcomm.stats()["wire_bytes"]
-            med, lo, hi = timed(lambda t: dist.all_reduce(t), lambda x=x: x.clone())
-            wire = (qcomm.stats()["wire_bytes"] - before) // (args.warmup + args.iters)
+            got = []
+            for _ in range(rounds):
+                t = x.clone()
+                dist.barrier(group=gloo)
+                t0 = time.perf_counter()
+                dist.all_reduce(t)
+                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
+                got.append(float(dt))
+            return got, (qcomm.stats()["wire_bytes"] - before) // rounds
+
+        samples = {c[0] + c[1]: [] for c in configs}
+        wires = {}
+        if args.interleave:
+            # every config once per round, round after round: drifts of a shared machine's load
+            # reach every config alike
+            for i in range(args.warmup + args.iters):
+                for what, bits, isa, cfg in configs:
+                    got, wires[what + bits] = one_config(x, isa, cfg, 1)
+                    if i >= args.warmup:
+                        samples[what + bits] += got
+        else:
+            for what, bits, isa, cfg in configs:
+                got, wires[what + bits] = one_config(x, isa, cfg, args.warmup + args.iters)
+                samples[what + bits] = got[args.warmup :]
+        for what, bits, _isa, _cfg in configs:
+            times = samples[what + bits]
+            med, lo, hi = statistics.median(times), min(times), max(times)
             rows.append(
                 [
                     size,
@@ -167,7 +200,7 @@ def worker(args) -> int:
                     hi,
                     base["gloo_fp32"] / med,
                     base["gloo_bf16"] / med,
-                    wire,
+                    wires[what + bits],
                 ]
             )
             if rank == 0:
@@ -297,7 +330,19 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--microshards", type=int, default=4)
-    ap.add_argument("--rotate", action="store_true", help="QuantConfig(rotate=True)")
+    ap.add_argument(
+        "--rotate",
+        nargs="?",
+        const="on",
+        default="off",
+        choices=("off", "on", "both"),
+        help="QuantConfig(rotate=...): off, on (--rotate alone), or both, side by side",
+    )
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="time the configs round-robin, one call each per round, instead of one after another",
+    )
     ap.add_argument(
         "--isas",
         default="",

@@ -29,6 +29,7 @@ __all__ = [
     "set_config",
     "stats",
     "reset_stats",
+    "shadow",
     "release_buffers",
     "plan",
     "backend_of",
@@ -253,7 +254,10 @@ def stats(group=None) -> dict:
     group keeps allocated for its next host-memory allreduce (release_buffers frees it);
     cpu_threads, the threads the codec of its last quantized CPU allreduce could use
     (QCOMM_CPU_THREADS; 0 before the first); tuned_classes and tune_seconds, the size classes
-    this rank measured (qcomm.tuning) and the time that took."""
+    this rank measured (qcomm.tuning) and the time that took; shadow (QuantConfig.shadow): per
+    "<dtype> <size class>", the shadowed calls, the mean and largest relative L2 error of their
+    quantized results against the exact allreduce, the largest absolute error of an element, and
+    the seconds the exact runs and comparisons took."""
     s = dict(backend_of(group).stats())
     s["compression"] = s["input_bytes"] / s["wire_bytes"] if s["wire_bytes"] else None
     return s
@@ -285,6 +289,14 @@ def release_buffers(group=None) -> int:
     what its largest call needed, so that later calls fault in no fresh pages), after the call
     running now, if any; returns the bytes freed. The next call allocates afresh."""
     return backend_of(group).release_buffers()
+
+
+def shadow(group=None, every: int = 1) -> None:
+    """Shadow mode on `group` (call it on every rank, between collectives): every `every`-th
+    quantized allreduce also runs the exact allreduce of a copy of its input and records the error
+    of the quantized result in ``qcomm.stats(group)["shadow"]``; 0 turns it off. The same as
+    ``set_config(get_config(group).replace(shadow=every), group)``. Host tensors only for now."""
+    set_config(get_config(group).replace(shadow=every), group)
 
 
 def reset_stats(group=None) -> None:

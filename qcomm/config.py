@@ -37,8 +37,10 @@ class QuantConfig:
     min_bytes: messages smaller than this pass through exactly (latency-bound, little to gain).
     microshards: pieces per chunk, so transfers overlap the codec (1..64); never changes the result.
     rotate: Hadamard-rotate each group before quantizing (and rotate back after): spreads outlier
-        channels over their group, which matters most at 4 bits. Costs two fast transforms per
-        element and an fp32 copy of the message.
+        channels over their group, which matters most at 4 bits. The rotation is fused into the
+        codec (each group is rotated on its way into the quantizer and back on its way out), so it
+        costs two fast transforms per element and no pass or copy of its own (a zero-padded copy
+        where the tensor does not end on a whole group). CPU tensors only.
     stochastic_rounding: round each code down after adding uniform noise, so the quantization
         error has mean zero over calls (for gradient traffic); still identical on every rank.
     tune: with algorithm ``auto``, the first allreduce of host tensors of each dtype and size
@@ -48,6 +50,11 @@ class QuantConfig:
         (QCOMM_TUNE_FILE) for later runs. False: ``auto`` is two_step. Left unset (None), it takes
         the QCOMM_TUNE setting when the QuantConfig is made: on unless that is 0. An explicit
         algorithm is never tuned over.
+    shadow: every ``shadow``-th quantized allreduce (0: none) also runs the exact allreduce of a
+        copy of its input through the inner backend and records the quantized result's relative
+        L2 and maximum absolute error, per size class, in ``qcomm.stats()["shadow"]``; the caller
+        still gets the quantized result. Costs one exact allreduce, a copy and a comparison per
+        shadowed call.
     """
 
     algorithm: str = "auto"
@@ -60,6 +67,7 @@ class QuantConfig:
     rotate: bool = False
     stochastic_rounding: bool = False
     tune: Optional[bool] = None
+    shadow: int = 0
 
     def __post_init__(self) -> None:
         # one rule for the algorithm's spelling, as the settings reader's: any case
@@ -86,6 +94,7 @@ class QuantConfig:
             bool(self.rotate),
             bool(self.stochastic_rounding),
             bool(self.tune),
+            int(self.shadow),
         )
 
     @classmethod
@@ -102,6 +111,7 @@ class QuantConfig:
             rotate=bool(d["rotate"]),
             stochastic_rounding=bool(d["stochastic_rounding"]),
             tune=bool(d["tune"]),
+            shadow=int(d["shadow"]),
         )
 
 
@@ -134,6 +144,9 @@ def validate(cfg: QuantConfig) -> None:
         raise _bad("stochastic_rounding", cfg.stochastic_rounding, "True or False")
     if cfg.tune is not None and not isinstance(cfg.tune, bool):
         raise _bad("tune", cfg.tune, "True, False or None (QCOMM_TUNE decides)")
+    v = cfg.shadow
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise _bad("shadow", v, "an integer >= 0 (0: off)")
 
 
 def _field_value(field: str, value: dict):

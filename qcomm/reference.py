@@ -242,14 +242,15 @@ def hadamard(v: torch.Tensor, g: int) -> torch.Tensor:
 
 
 def rotate_forward(x: torch.Tensor, g: int) -> torch.Tensor:
-    """H x per group of g, in fp32, the last group padded with zeros (codec_cpu rotateForward)."""
+    """H x per group of g, in fp32, the last group padded with zeros (what the rotated codec
+    quantizes: csrc/codec/codec.h rotateGroupInto, on a message padded to whole groups)."""
     x32 = x.to(F32).flatten()
     pad = (-x32.numel()) % g
     return hadamard(torch.cat([x32, torch.zeros(pad, dtype=F32)]), g)
 
 
 def rotate_inverse(y: torch.Tensor, g: int) -> torch.Tensor:
-    """H y / g per group of g: the inverse of rotate_forward (codec_cpu rotateInverse)."""
+    """H y / g per group of g: the inverse of rotate_forward (codec.h unrotateGroupInto)."""
     return hadamard(y, g) * (1.0 / g)
 
 

@@ -42,10 +42,10 @@ GatherPhase::GatherPhase(Call& c, at::Tensor send, at::Tensor recv, float* scrat
 void GatherPhase::decodeToOutput(const uint8_t* bytes, ChunkRange range) {
   if (range.len == 0) return;
   if (c_.inPlace()) {
-    c_.ops.decode(bytes, range.len, c_.plan.ag, c_.inputFloats(range.begin), false);
+    c_.decodeOutput(bytes, range.len, c_.inputFloats(range.begin));
     return;
   }
-  c_.ops.decode(bytes, range.len, c_.plan.ag, scratch_, false);
+  c_.decodeOutput(bytes, range.len, scratch_);
   c_.ops.castFromFloat(scratch_, range.len, c_.plan.dtype, c_.input(range.begin));
 }
 
@@ -91,7 +91,9 @@ void GatherPhase::fromInput() {
   for (int k = 0; k < c_.pieces; ++k) {
     const ChunkRange own = c_.piece(c_.rank, k);
     float* sum = c_.inPlace() ? c_.inputFloats(own.begin) : scratch_;
-    if (!c_.inPlace() && own.len > 0) {
+    if (c_.plan.rotate && own.len > 0) {
+      c_.ops.rotateToFloat(c_.input(own.begin), c_.plan.dtype, own.len, c_.plan.rs.groupSize, sum);
+    } else if (!c_.inPlace() && own.len > 0) {
       c_.ops.castToFloat(c_.input(own.begin), c_.plan.dtype, own.len, sum);
     }
     ownPieceReady(k, sum);

@@ -62,8 +62,8 @@ void ring(Call& c) {
   for (int k = 0; k < P; ++k) {
     const ChunkRange piece = c.piece(sendChunk(0), k);
     if (piece.len > 0) {
-      c.ops.encode(c.input(piece.begin), p.dtype, piece.len, p.rs,
-                   Call::at(sendBuf, slot(0, k) * rsUnit), rsNoise(p, rank, piece.begin));
+      c.encodeInput(piece.begin, piece.len, Call::at(sendBuf, slot(0, k) * rsUnit),
+                    rsNoise(p, rank, piece.begin));
     }
     sent(0, k);
   }
@@ -75,18 +75,19 @@ void ring(Call& c) {
       const ChunkRange piece = c.piece(chunk, k);
       const uint8_t* got = c.t.wait(hop[size_t(s) * P + k], 1);
       float* partial = c.inPlace() ? c.inputFloats(piece.begin) : partialScratch;
-      const void* local = c.input(piece.begin);
+      int32_t localDtype = p.dtype;
+      const void* local = piece.len > 0 ? c.localForHop(piece, partial, &localDtype) : nullptr;
       if (s + 1 < steps) {
         c.step = "ring reduce-scatter (decode, add, encode)";
         if (piece.len > 0) {
-          c.ops.decodeAddEncode(got, p.rs, local, p.dtype, piece.len, partial, p.rs,
+          c.ops.decodeAddEncode(got, p.rs, local, localDtype, piece.len, partial, p.rs,
                                 Call::at(sendBuf, slot(s + 1, k) * rsUnit),
                                 rsNoise(p, rank, piece.begin));
         }
         sent(s + 1, k);
       } else {
         c.step = "ring reduce-scatter (decode, add)";
-        if (piece.len > 0) c.ops.decodeAdd(got, p.rs, local, p.dtype, piece.len, partial);
+        if (piece.len > 0) c.ops.decodeAdd(got, p.rs, local, localDtype, piece.len, partial);
         gather.ownPieceReady(k, partial);  // the last step completes this rank's own chunk
       }
     }

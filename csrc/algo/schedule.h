@@ -87,6 +87,37 @@ struct Call {
     const int64_t w = dtypeBytes(plan.dtype);
     return data.reshape({-1}).view(at::kByte).narrow(0, r.begin * w, r.len * w);
   }
+  // Rotated plans (plan.rotate): the message holds the caller's values; the codec rotates each
+  // group on its way in (encodeInput, localForHop) and back on its way out (decodeOutput), and
+  // every sum between is in the rotated domain.
+  // The reduce codec's block of the input's elements [begin, begin + len).
+  void encodeInput(int64_t begin, int64_t len, uint8_t* dst, const Noise& noise) const {
+    if (plan.rotate) {
+      ops.encodeRotated(input(begin), plan.dtype, len, plan.rs, dst, noise);
+    } else {
+      ops.encode(input(begin), plan.dtype, len, plan.rs, dst, noise);
+    }
+  }
+  // The local input a ring hop adds to what it received, and its dtype: the input itself, or for
+  // a rotated plan its rotation, written into `partial` (the hop's fp32 sum, which the hop then
+  // accumulates into in place).
+  const void* localForHop(ChunkRange r, float* partial, int32_t* dtype) const {
+    if (!plan.rotate) {
+      *dtype = plan.dtype;
+      return input(r.begin);
+    }
+    ops.rotateToFloat(input(r.begin), plan.dtype, r.len, plan.rs.groupSize, partial);
+    *dtype = kFloat32;
+    return partial;
+  }
+  // out = the gather codec's block decoded (and rotated back, for a rotated plan).
+  void decodeOutput(const uint8_t* bytes, int64_t len, float* out) const {
+    if (plan.rotate) {
+      ops.decodeRotated(bytes, len, plan.ag, out);
+    } else {
+      ops.decode(bytes, len, plan.ag, out, false);
+    }
+  }
   at::Tensor byteBuffer(int64_t n) const {
     if (scratch) return scratch->take(n, data.options());
     return at::empty({n}, data.options().dtype(at::kByte));

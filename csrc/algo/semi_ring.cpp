@@ -103,8 +103,8 @@ void semiRing(Call& c) {
     for (int k = 0; k < P; ++k) {
       const ChunkRange piece = c.piece(sendChunk(rank, W, d, 0), k);
       if (piece.len > 0) {
-        c.ops.encode(c.input(piece.begin), p.dtype, piece.len, p.rs,
-                     Call::at(sendBuf, slot(d, 0, k) * rsUnit), rsNoise(p, rank, piece.begin));
+        c.encodeInput(piece.begin, piece.len, Call::at(sendBuf, slot(d, 0, k) * rsUnit),
+                      rsNoise(p, rank, piece.begin));
       }
       c.t.ready(exchangeOf(d, 0, k), legIndex(d, dirs[d].start));
     }
@@ -119,11 +119,14 @@ void semiRing(Call& c) {
         const ChunkRange piece = c.piece(recvChunk(rank, W, d, ds), k);
         const uint8_t* got = c.t.wait(exchangeOf(d, ds, k), legIndex(d, s) + 1);
         float* partial = c.inPlace() ? c.inputFloats(piece.begin) : partialScratch;
-        const void* local = c.input(piece.begin);
+        // the owner adds its local input once, to the right half (d == 0)
+        int32_t localDtype = p.dtype;
+        const bool addsLocal = piece.len > 0 && (ds + 1 < dirs[d].steps || d == 0);
+        const void* local = addsLocal ? c.localForHop(piece, partial, &localDtype) : nullptr;
         if (ds + 1 < dirs[d].steps) {
           c.step = "semi_ring reduce-scatter (decode, add, encode)";
           if (piece.len > 0) {
-            c.ops.decodeAddEncode(got, p.rs, local, p.dtype, piece.len, partial, p.rs,
+            c.ops.decodeAddEncode(got, p.rs, local, localDtype, piece.len, partial, p.rs,
                                   Call::at(sendBuf, slot(d, ds + 1, k) * rsUnit),
                                   rsNoise(p, rank, piece.begin));
           }
@@ -132,7 +135,7 @@ void semiRing(Call& c) {
           // the owner: the right half plus the local input, then the left half added to it
           c.step = "semi_ring reduce-scatter (owner's sum)";
           if (d == 0) {
-            c.ops.decodeAdd(got, p.rs, local, p.dtype, piece.len, partial);
+            c.ops.decodeAdd(got, p.rs, local, localDtype, piece.len, partial);
           } else {
             c.ops.decode(got, piece.len, p.rs, partial, true);
           }

@@ -51,8 +51,8 @@ void twoStep(Call& c) {
       const int j = (rank + off) % W;
       const ChunkRange unit = c.piece(j, k);
       if (unit.len > 0) {
-        c.ops.encode(c.input(unit.begin), p.dtype, unit.len, p.rs,
-                     Call::at(rsSend, (int64_t(k) * W + j) * rsUnit), rsNoise(p, rank, unit.begin));
+        c.encodeInput(unit.begin, unit.len, Call::at(rsSend, (int64_t(k) * W + j) * rsUnit),
+                      rsNoise(p, rank, unit.begin));
       }
       c.t.ready(reduce[size_t(k)], j);
     }

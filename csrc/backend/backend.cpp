@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -25,6 +27,7 @@
 
 namespace qcomm {
 namespace {
+using Clock = std::chrono::steady_clock;
 std::atomic<int64_t> liveBackends{0};
 }  // namespace
 
@@ -90,7 +93,16 @@ int64_t QncclBackend::releaseScratch() {
   return held;
 }
 
+std::map<std::string, ShadowStat> QncclBackend::shadowStats() const {
+  std::lock_guard<std::mutex> lock(shadowMutex_);
+  return shadow_;
+}
+
 void QncclBackend::resetStats() {
+  {
+    std::lock_guard<std::mutex> lock(shadowMutex_);
+    shadow_.clear();
+  }
   stats_.quantizedCalls = 0;
   stats_.passthroughCalls = 0;
   stats_.inputBytes = 0;
@@ -272,15 +284,20 @@ std::string bytesName(int k) {
   return std::to_string(int64_t(1) << (k - 10 * u)) + " " + units[u];
 }
 
+// "2^k B to 2^(k+1) B" in units, for the size class holding `bytes` (bytes in [2^k, 2^(k+1))).
+std::string sizeClassName(int64_t bytes) {
+  if (bytes == 0) return "0 B";
+  int k = 0;
+  while (k < 62 && (int64_t(2) << k) <= bytes) ++k;
+  return bytesName(k) + " to " + bytesName(k + 1);
+}
+
 constexpr int64_t kQuietCalls = 100;
 
 }  // namespace
 
 void QncclBackend::logDecision(const Plan& plan, const at::Tensor& t, c10d::ReduceOp op) {
   if (getRank() != 0 || settings::text("QCOMM_DEBUG") != "INFO") return;
-  const int64_t bytes = t.numel() * int64_t(t.element_size());
-  int k = 0;
-  while (k < 62 && (int64_t(2) << k) <= bytes) ++k;  // bytes in [2^k, 2^(k+1))
   std::string what;
   if (plan.quantize) {
     auto bits = [](int b) { return b == 0 ? std::string("none") : std::to_string(b); };
@@ -290,8 +307,7 @@ void QncclBackend::logDecision(const Plan& plan, const at::Tensor& t, c10d::Redu
     what = "passed through: " + plan.reason;
   }
   const std::string dtype = dtypeName(t.scalar_type());
-  const std::string size =
-      bytes == 0 ? std::string("0 B") : bytesName(k) + " to " + bytesName(k + 1);
+  const std::string size = sizeClassName(t.numel() * int64_t(t.element_size()));
   std::string quiet;
   bool fresh = false;
   {
@@ -318,6 +334,46 @@ void QncclBackend::logDecision(const Plan& plan, const at::Tensor& t, c10d::Redu
   if (!fresh) return;
   std::fprintf(stderr, "%sINFO allreduce of %s (%s): %s\n", prefix().c_str(), size.c_str(),
                dtype.c_str(), what.c_str());
+}
+
+namespace {
+// |q - e| over the elements whose exact value e is finite, in float64, a slice at a time (so the
+// comparison never holds more than a few MiB of doubles): the squared norms and the largest |d|.
+// A q that is not finite where e is counts as an infinite error.
+void compareSlices(const at::Tensor& q, const at::Tensor& e, double* diff2, double* exact2,
+                   double* maxAbs) {
+  const at::Tensor qf = q.reshape({-1}), ef = e.reshape({-1});
+  const int64_t n = qf.numel(), step = int64_t(1) << 20;
+  for (int64_t b = 0; b < n; b += step) {
+    const int64_t len = std::min(step, n - b);
+    const at::Tensor ed = ef.narrow(0, b, len).to(at::kDouble);
+    const at::Tensor finite = at::isfinite(ed);
+    const at::Tensor d = (qf.narrow(0, b, len).to(at::kDouble) - ed).masked_fill(~finite, 0.0);
+    const at::Tensor d2 = d.nan_to_num(INFINITY, INFINITY, INFINITY);
+    *diff2 += (d2 * d2).sum().item<double>();
+    *exact2 += (ed.masked_fill(~finite, 0.0).pow(2)).sum().item<double>();
+    *maxAbs = std::max(*maxAbs, d2.abs().max().item<double>());
+  }
+}
+}  // namespace
+
+void QncclBackend::recordShadow(const Plan& plan, const at::Tensor& result, const at::Tensor& exact,
+                                double exactSeconds) {
+  const Clock::time_point start = Clock::now();
+  double diff2 = 0, exact2 = 0, maxAbs = 0;
+  if (result.numel() > 0) compareSlices(result, exact, &diff2, &exact2, &maxAbs);
+  const double rel = exact2 > 0 ? std::sqrt(diff2 / exact2) : (diff2 > 0 ? double(INFINITY) : 0.0);
+  const std::string key = dtypeName(result.scalar_type()) + " " +
+                          sizeClassName(result.numel() * int64_t(result.element_size()));
+  const double took = exactSeconds + std::chrono::duration<double>(Clock::now() - start).count();
+  std::lock_guard<std::mutex> lock(shadowMutex_);
+  ShadowStat& s = shadow_[key];
+  s.calls++;
+  s.relL2Sum += rel;
+  s.relL2Max = std::max(s.relL2Max, rel);
+  s.maxAbs = std::max(s.maxAbs, maxAbs);
+  s.seconds += took;
+  (void)plan;
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::passThroughAllreduce(
@@ -461,20 +517,37 @@ std::string QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
   if (!mismatch.empty()) return mismatch;
   CpuCodecOps ops;
   std::lock_guard<std::mutex> lock(scratchMutex_);
+  // shadow mode: the exact allreduce of a copy first (every rank shadows the same calls: the
+  // plan's header carries the setting and callSeq is counted alike)
+  const bool shadowed = count && plan.shadowed();
+  const Clock::time_point shadowStart = Clock::now();
+  at::Tensor exact;
+  if (shadowed) {
+    exact = buf.clone();
+    std::vector<at::Tensor> ts{exact};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.timeout = timeout;
+    o.asyncOp = true;
+    gloo_->allreduce(ts, o)->wait();
+    if (plan.average) exact.div_(getSize());
+  }
+  const double shadowSeconds = std::chrono::duration<double>(Clock::now() - shadowStart).count();
   scratch_.begin();
-  if (plan.rotate) {
-    // the algorithm runs in place on the fp32 rotated message, then it is rotated back
-    at::Tensor rotated =
-        scratch_.take(plan.numel * int64_t(sizeof(float)), buf.options()).view(at::kFloat);
-    rotateForward(buf.data_ptr(), plan.userDtype, plan.userNumel, plan.rs.groupSize,
-                  rotated.data_ptr<float>());
-    runAllreduce(plan, transport, ops, rotated, &scratch_);
-    rotateInverse(rotated.data_ptr<float>(), plan.numel, plan.rs.groupSize);
-    castFromFloat(rotated.data_ptr<float>(), plan.userNumel, plan.userDtype, buf.data_ptr());
+  if (plan.numel != plan.userNumel) {
+    // a rotated message ends inside a group: the algorithm runs on a copy padded with zeros to
+    // whole groups, and the caller's elements are copied back
+    const int64_t width = buf.element_size();
+    at::Tensor padded = scratch_.take(plan.numel * width, buf.options()).view(buf.scalar_type());
+    padded.narrow(0, 0, plan.userNumel).copy_(buf.reshape({-1}));
+    padded.narrow(0, plan.userNumel, plan.numel - plan.userNumel).zero_();
+    runAllreduce(plan, transport, ops, padded, &scratch_);
+    buf.view({-1}).copy_(padded.narrow(0, 0, plan.userNumel));
   } else {
     runAllreduce(plan, transport, ops, buf, &scratch_);
   }
   if (!buf.is_same(tensor)) tensor.copy_(buf);
+  if (shadowed) recordShadow(plan, buf, exact, shadowSeconds);
   if (!count) return "";
   stats_.quantizedCalls++;
   stats_.inputBytes += tensor.numel() * tensor.element_size();

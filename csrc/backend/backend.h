@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -38,6 +39,16 @@ struct CudaPathDeleter {
   void operator()(CudaPath* p) const;
 };
 
+// Shadow mode (QuantConfig.shadow): the error of the shadowed calls of one dtype and size class,
+// against the exact allreduce of the same input (over the elements whose exact sum is finite).
+struct ShadowStat {
+  int64_t calls = 0;
+  double relL2Sum = 0;  // sum over calls of |q - exact|_2 / |exact|_2
+  double relL2Max = 0;
+  double maxAbs = 0;   // the largest |q - exact| of any element of any call
+  double seconds = 0;  // the time the exact allreduces and comparisons took
+};
+
 class QncclBackend : public c10d::Backend {
  public:
   // disabled (QCOMM_DISABLE=1 at the group's creation): every collective passes through, whatever
@@ -66,6 +77,8 @@ class QncclBackend : public c10d::Backend {
   int cpuThreadsUsed() const { return cpuThreadsUsed_.load(); }
   int64_t releaseScratch();
   void resetStats();
+  // Shadow mode's statistics, keyed "<dtype> <size class>" (e.g. "float32 4 MiB to 8 MiB").
+  std::map<std::string, ShadowStat> shadowStats() const;
   // The sequence number the next quantized allreduce will carry (it seeds stochastic rounding).
   uint32_t nextCallSeq() const { return callSeq_; }
   // The plan an allreduce of this tensor would take now (for tests and diagnostics).
@@ -188,6 +201,9 @@ class QncclBackend : public c10d::Backend {
   // count: false for the tuner's runs (not in stats()).
   std::string runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
                               std::chrono::milliseconds timeout, bool count = true);
+  // Shadow mode: records the error of `result` against `exact` (plan.shadowed() calls).
+  void recordShadow(const Plan& plan, const at::Tensor& result, const at::Tensor& exact,
+                    double exactSeconds);
   c10::intrusive_ptr<c10d::Work> allreduceCuda(Plan plan, std::vector<at::Tensor>& tensors,
                                                const c10d::AllreduceOptions& opts);
   // The CUDA path of this group, set up (collectively, through the store) on first use.
@@ -232,6 +248,8 @@ class QncclBackend : public c10d::Backend {
   QuantConfig config_;
   Stats stats_;
   std::atomic<bool> shutDown_{false};
+  mutable std::mutex shadowMutex_;
+  std::map<std::string, ShadowStat> shadow_;
   std::mutex logMutex_;
   std::set<std::string> logged_;  // the decisions logged (size class, dtype, decision)
   int64_t eligibleCalls_ = 0;     // allreduces of fp32/fp16/bf16 dense tensors, SUM or AVG

@@ -463,15 +463,16 @@ QCOMM_HD int groupLength(int64_t n, const CodecSpec& c, int64_t g) {
 // Encode group g of the block x[0..n) into `block` (an encoded block of n elements). The three
 // cases (non-finite, constant, general) are decided once per group so that the general loop is
 // branch-free and vectorizes.
+//
+// encodeGroupValues takes the group's `len` values at `in` (the message's, or a rotated copy);
+// encodeGroupT the message x[0..n) itself.
 template <int kBits, bool kSym, class T>
-QCOMM_HD void encodeGroupT(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block,
-                           const Noise& noise) {
+QCOMM_HD void encodeGroupValues(const T* in, int len, int64_t n, const CodecSpec& c, int64_t g,
+                                uint8_t* block, const Noise& noise) {
   const int64_t begin = g * c.groupSize;
-  const int len = groupLength(n, c, g);
-  const GroupParams p = groupParams(x + begin, len, kBits, kSym);
+  const GroupParams p = groupParams(in, len, kBits, kSym);
   storeParams(block, n, c, g, p);
   uint8_t* data = block + dataOffset(n, c);
-  const T* in = x + begin;
   if (kBits == 8) {
     uint8_t* out = data + begin;
     if (!paramsFinite(p) || p.scale == 0.0f) {
@@ -513,16 +514,22 @@ QCOMM_HD void encodeGroupT(const T* x, int64_t n, const CodecSpec& c, int64_t g,
   if (len & 1) out[pairs] = uint8_t(quantizeScaled<4, kSym>(toFloat(in[len - 1]), p));
 }
 
+template <int kBits, bool kSym, class T>
+QCOMM_HD void encodeGroupT(const T* x, int64_t n, const CodecSpec& c, int64_t g, uint8_t* block,
+                           const Noise& noise) {
+  const int64_t begin = g * c.groupSize;
+  encodeGroupValues<kBits, kSym>(x + begin, groupLength(n, c, g), n, c, g, block, noise);
+}
+
 // Decode group g of an encoded block of n elements; out[i] for i in the group receives x^ (or,
-// with kAccumulate, out[i] += x^).
+// with kAccumulate, out[i] += x^). decodeGroupValues writes the group's values to o[0..len).
 template <int kBits, bool kSym, bool kAccumulate>
-QCOMM_HD void decodeGroupT(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g,
-                           float* out) {
+QCOMM_HD void decodeGroupValues(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g,
+                                float* o) {
   const int64_t begin = g * c.groupSize;
   const int len = groupLength(n, c, g);
   const GroupParams p = loadParams(block, n, c, g);
   const uint8_t* data = block + dataOffset(n, c);
-  float* o = out + begin;
   if (kBits == 8) {
     const uint8_t* in = data + begin;
     for (int i = 0; i < len; ++i) {
@@ -545,15 +552,44 @@ QCOMM_HD void decodeGroupT(const uint8_t* block, int64_t n, const CodecSpec& c, 
   }
 }
 
+template <int kBits, bool kSym, bool kAccumulate>
+QCOMM_HD void decodeGroupT(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g,
+                           float* out) {
+  decodeGroupValues<kBits, kSym, kAccumulate>(block, n, c, g, out + g * c.groupSize);
+}
+
 // ---- Hadamard rotation of a group (QuantConfig.rotate) ----
 //
 // y = H x with H the unnormalised g x g Walsh-Hadamard matrix (entries +-1), computed by the fast
-// transform in a fixed butterfly order. H H = g I, so x = H y / g; g is a power of two, so the
-// division is exact. Rotation spreads an outlier's energy over its whole group, which shrinks the
-// quantization step of the other elements; it is linear, so ranks sum in the rotated domain and
-// one inverse rotation at the end suffices.
+// transform: stages h = 1, 2, 4, ..., g/2, each replacing every pair (x[j], x[j + h]) (j with bit
+// h clear) by (a + b, a - b). Every output of a stage depends only on the pair it came from, so
+// the order in which a stage visits its pairs does not change a bit: stages 1, 2 and 4 run on each
+// run of 8 elements while they are in registers, the later ones across the group. H H = g I, so
+// x = H y / g; g is a power of two, so the division is exact. Rotation spreads an outlier's
+// energy over its whole group, which shrinks the quantization step of the other elements; it is
+// linear, so ranks sum in the rotated domain and one inverse rotation at the end suffices.
+//
+// The rotated codec works on whole groups only (the plan pads a message to whole groups), so
+// that encoding rotates each group in a local buffer on its way into the quantizer and decoding
+// rotates it back on its way out: no pass over the message of its own.
+constexpr int kMaxGroupSize = 1024;
+
 QCOMM_HD void hadamardGroup(float* x, int g) {
-  for (int h = 1; h < g; h *= 2) {
+  int h = 1;
+  if (g % 8 == 0) {
+    for (int i = 0; i < g; i += 8) {
+      float v[8];
+      for (int j = 0; j < 8; ++j) v[j] = x[i + j];
+      for (int s = 1; s < 8; s *= 2) {
+        float w[8];
+        for (int j = 0; j < 8; ++j) w[j] = (j & s) ? v[j - s] - v[j] : v[j] + v[j + s];
+        for (int j = 0; j < 8; ++j) v[j] = w[j];
+      }
+      for (int j = 0; j < 8; ++j) x[i + j] = v[j];
+    }
+    h = 8;
+  }
+  for (; h < g; h *= 2) {
     for (int i = 0; i < g; i += 2 * h) {
       for (int j = i; j < i + h; ++j) {
         const float a = x[j];
@@ -563,6 +599,20 @@ QCOMM_HD void hadamardGroup(float* x, int g) {
       }
     }
   }
+}
+
+// buf[0..g) = H float(in[0..g)).
+template <class T>
+QCOMM_HD void rotateGroupInto(const T* in, int g, float* buf) {
+  for (int i = 0; i < g; ++i) buf[i] = toFloat(in[i]);
+  hadamardGroup(buf, g);
+}
+
+// out[0..g) = H buf / g (buf is overwritten).
+QCOMM_HD void unrotateGroupInto(float* buf, int g, float* out) {
+  const float inv = 1.0f / float(g);  // a power of two: exact
+  hadamardGroup(buf, g);
+  for (int i = 0; i < g; ++i) out[i] = buf[i] * inv;
 }
 
 // Run-time dispatch to the four (bits, symmetric) instantiations.
@@ -596,6 +646,46 @@ QCOMM_HD void decodeGroup(const uint8_t* block, int64_t n, const CodecSpec& c, i
     else
       decodeGroupT<4, false, kAccumulate>(block, n, c, g, out);
   }
+}
+
+// Encode group g of x[0..n) rotated: the codes of H x[group], as encodeGroup of the rotated
+// message gives them. n is a multiple of the group size.
+template <class T>
+QCOMM_HD void encodeRotatedGroup(const T* x, int64_t n, const CodecSpec& c, int64_t g,
+                                 uint8_t* block, const Noise& noise) {
+  float buf[kMaxGroupSize];
+  rotateGroupInto(x + g * c.groupSize, c.groupSize, buf);
+  const int len = c.groupSize;
+  if (c.bits == 8) {
+    if (c.symmetric)
+      encodeGroupValues<8, true>(buf, len, n, c, g, block, noise);
+    else
+      encodeGroupValues<8, false>(buf, len, n, c, g, block, noise);
+  } else {
+    if (c.symmetric)
+      encodeGroupValues<4, true>(buf, len, n, c, g, block, noise);
+    else
+      encodeGroupValues<4, false>(buf, len, n, c, g, block, noise);
+  }
+}
+
+// Decode group g of an encoded block of n elements (a multiple of the group size) and rotate it
+// back: out[group] = H x^ / g.
+QCOMM_HD void decodeRotatedGroup(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g,
+                                 float* out) {
+  float buf[kMaxGroupSize];
+  if (c.bits == 8) {
+    if (c.symmetric)
+      decodeGroupValues<8, true, false>(block, n, c, g, buf);
+    else
+      decodeGroupValues<8, false, false>(block, n, c, g, buf);
+  } else {
+    if (c.symmetric)
+      decodeGroupValues<4, true, false>(block, n, c, g, buf);
+    else
+      decodeGroupValues<4, false, false>(block, n, c, g, buf);
+  }
+  unrotateGroupInto(buf, c.groupSize, out + g * c.groupSize);
 }
 
 }  // namespace qcomm

@@ -74,19 +74,86 @@ QCOMM_ALWAYS_INLINE void decodeRange(const uint8_t* src, int64_t n, const CodecS
   }
 }
 
+// The rotated forms (codec.h encodeRotatedGroup, decodeRotatedGroup, rotateGroupInto): whole
+// groups, each rotated in a local buffer between the message and the quantizer.
+QCOMM_ALWAYS_INLINE void encodeRotatedRange(const void* x, int32_t dtype, int64_t n,
+                                            const CodecSpec& c, int64_t g0, int64_t g1,
+                                            uint8_t* dst, const Noise& noise) {
+  switch (dtype) {
+    case kFloat32:
+      for (int64_t g = g0; g < g1; ++g)
+        encodeRotatedGroup(static_cast<const float*>(x), n, c, g, dst, noise);
+      break;
+    case kFloat16:
+      for (int64_t g = g0; g < g1; ++g)
+        encodeRotatedGroup(static_cast<const fp16_t*>(x), n, c, g, dst, noise);
+      break;
+    default:
+      for (int64_t g = g0; g < g1; ++g)
+        encodeRotatedGroup(static_cast<const bf16_t*>(x), n, c, g, dst, noise);
+  }
+}
+
+QCOMM_ALWAYS_INLINE void decodeRotatedRange(const uint8_t* src, int64_t n, const CodecSpec& c,
+                                            int64_t g0, int64_t g1, float* out) {
+  for (int64_t g = g0; g < g1; ++g) decodeRotatedGroup(src, n, c, g, out);
+}
+
+// out[group] = H float(x[group]) for groups g0..g1 of `groupSize`; out may be x (fp32).
+template <class T>
+QCOMM_ALWAYS_INLINE void rotateGroups(const T* x, int groupSize, int64_t g0, int64_t g1,
+                                      float* out) {
+  float buf[kMaxGroupSize];
+  for (int64_t g = g0; g < g1; ++g) {
+    rotateGroupInto(x + g * groupSize, groupSize, buf);
+    float* o = out + g * groupSize;
+    for (int i = 0; i < groupSize; ++i) o[i] = buf[i];
+  }
+}
+
+QCOMM_ALWAYS_INLINE void rotateRange(const void* x, int32_t dtype, int groupSize, int64_t g0,
+                                     int64_t g1, float* out) {
+  switch (dtype) {
+    case kFloat32:
+      rotateGroups(static_cast<const float*>(x), groupSize, g0, g1, out);
+      break;
+    case kFloat16:
+      rotateGroups(static_cast<const fp16_t*>(x), groupSize, g0, g1, out);
+      break;
+    default:
+      rotateGroups(static_cast<const bf16_t*>(x), groupSize, g0, g1, out);
+  }
+}
+
 using EncodeRangeFn = void (*)(const void*, int32_t, int64_t, const CodecSpec&, int64_t, int64_t,
                                uint8_t*, const Noise&);
 using DecodeRangeFn = void (*)(const uint8_t*, int64_t, const CodecSpec&, int64_t, int64_t, float*,
                                bool);
+using DecodeRotatedRangeFn = void (*)(const uint8_t*, int64_t, const CodecSpec&, int64_t, int64_t,
+                                      float*);
+using RotateRangeFn = void (*)(const void*, int32_t, int, int64_t, int64_t, float*);
 
-#define QCOMM_GROUP_LOOPS(NAME, TARGET)                                                        \
-  TARGET void encodeRange##NAME(const void* x, int32_t dtype, int64_t n, const CodecSpec& c,   \
-                                int64_t g0, int64_t g1, uint8_t* dst, const Noise& noise) {    \
-    encodeRange(x, dtype, n, c, g0, g1, dst, noise);                                           \
-  }                                                                                            \
-  TARGET void decodeRange##NAME(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, \
-                                int64_t g1, float* out, bool accumulate) {                     \
-    decodeRange(src, n, c, g0, g1, out, accumulate);                                           \
+#define QCOMM_GROUP_LOOPS(NAME, TARGET)                                                          \
+  TARGET void encodeRange##NAME(const void* x, int32_t dtype, int64_t n, const CodecSpec& c,     \
+                                int64_t g0, int64_t g1, uint8_t* dst, const Noise& noise) {      \
+    encodeRange(x, dtype, n, c, g0, g1, dst, noise);                                             \
+  }                                                                                              \
+  TARGET void decodeRange##NAME(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0,   \
+                                int64_t g1, float* out, bool accumulate) {                       \
+    decodeRange(src, n, c, g0, g1, out, accumulate);                                             \
+  }                                                                                              \
+  TARGET void encodeRotatedRange##NAME(const void* x, int32_t dtype, int64_t n,                  \
+                                       const CodecSpec& c, int64_t g0, int64_t g1, uint8_t* dst, \
+                                       const Noise& noise) {                                     \
+    encodeRotatedRange(x, dtype, n, c, g0, g1, dst, noise);                                      \
+  }                                                                                              \
+  TARGET void decodeRotatedRange##NAME(const uint8_t* src, int64_t n, const CodecSpec& c,        \
+                                       int64_t g0, int64_t g1, float* out) {                     \
+    decodeRotatedRange(src, n, c, g0, g1, out);                                                  \
+  }                                                                                              \
+  TARGET void rotateRange##NAME(const void* x, int32_t dtype, int groupSize, int64_t g0,         \
+                                int64_t g1, float* out) {                                        \
+    rotateRange(x, dtype, groupSize, g0, g1, out);                                               \
   }
 
 QCOMM_GROUP_LOOPS(Generic, )
@@ -95,6 +162,9 @@ struct GroupLoops {
   const char* name;
   EncodeRangeFn encode;
   DecodeRangeFn decode;
+  EncodeRangeFn encodeRotated;
+  DecodeRotatedRangeFn decodeRotated;
+  RotateRangeFn rotate;
   bool (*supported)();
 };
 
@@ -114,11 +184,17 @@ bool hasAvx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-constexpr GroupLoops kLoops[] = {{"generic", encodeRangeGeneric, decodeRangeGeneric, always},
-                                 {"avx2", encodeRangeAvx2, decodeRangeAvx2, hasAvx2},
-                                 {"avx512", encodeRangeAvx512, decodeRangeAvx512, hasAvx512}};
+constexpr GroupLoops kLoops[] = {
+    {"generic", encodeRangeGeneric, decodeRangeGeneric, encodeRotatedRangeGeneric,
+     decodeRotatedRangeGeneric, rotateRangeGeneric, always},
+    {"avx2", encodeRangeAvx2, decodeRangeAvx2, encodeRotatedRangeAvx2, decodeRotatedRangeAvx2,
+     rotateRangeAvx2, hasAvx2},
+    {"avx512", encodeRangeAvx512, decodeRangeAvx512, encodeRotatedRangeAvx512,
+     decodeRotatedRangeAvx512, rotateRangeAvx512, hasAvx512}};
 #else
-constexpr GroupLoops kLoops[] = {{"generic", encodeRangeGeneric, decodeRangeGeneric, always}};
+constexpr GroupLoops kLoops[] = {{"generic", encodeRangeGeneric, decodeRangeGeneric,
+                                  encodeRotatedRangeGeneric, decodeRotatedRangeGeneric,
+                                  rotateRangeGeneric, always}};
 #endif
 constexpr int kNumLoops = int(sizeof(kLoops) / sizeof(kLoops[0]));
 
@@ -270,25 +346,70 @@ void castToFloat(const void* x, int32_t dtype, int64_t n, float* out) {
   toFloatDispatch(x, dtype, n, out, false);
 }
 
-void rotateForward(const void* x, int32_t dtype, int64_t n, int groupSize, float* out) {
-  const int64_t groups = (n + groupSize - 1) / groupSize;
-  forGroups(groups, [&](int64_t g) {
-    const int64_t begin = g * groupSize;
-    const int64_t len = std::min<int64_t>(groupSize, n - begin);
-    castToFloat(static_cast<const uint8_t*>(x) + begin * dtypeBytes(dtype), dtype, len,
-                out + begin);
-    for (int64_t i = len; i < groupSize; ++i) out[begin + i] = 0.0f;
-    hadamardGroup(out + begin, groupSize);
-  });
+namespace {
+void requireWholeGroups(int64_t n, int groupSize, const char* what) {
+  if (n % groupSize != 0) {
+    throw std::invalid_argument(std::string("qcomm: ") + what + " of " + std::to_string(n) +
+                                " elements: rotated blocks hold whole groups of " +
+                                std::to_string(groupSize));
+  }
+}
+}  // namespace
+
+void rotateToFloat(const void* x, int32_t dtype, int64_t n, int groupSize, float* out) {
+  requireWholeGroups(n, groupSize, "rotation");
+  const RotateRangeFn rotate = groupLoops().rotate;
+  forGroupRanges(n / groupSize,
+                 [&](int64_t g0, int64_t g1) { rotate(x, dtype, groupSize, g0, g1, out); });
 }
 
-void rotateInverse(float* y, int64_t paddedN, int groupSize) {
-  const float inv = 1.0f / float(groupSize);  // a power of two: exact
-  forGroups(paddedN / groupSize, [&](int64_t g) {
-    float* v = y + g * groupSize;
-    hadamardGroup(v, groupSize);
-    for (int i = 0; i < groupSize; ++i) v[i] = v[i] * inv;
-  });
+void encodeRotatedBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
+                        const Noise& noise) {
+  if (n == 0) return;
+  requireWholeGroups(n, c.groupSize, "rotated encode");
+  if (c.bits == 0) {
+    // raw: the rotated values in c.rawDtype, a group at a time through a local buffer
+    withElements(x, dtype, [&](auto* p) {
+      forGroups(n / c.groupSize, [&](int64_t g) {
+        float buf[kMaxGroupSize];
+        rotateGroupInto(p + g * c.groupSize, c.groupSize, buf);
+        uint8_t* out = dst + g * c.groupSize * dtypeBytes(c.rawDtype);
+        for (int i = 0; i < c.groupSize; ++i) {
+          if (c.rawDtype == kFloat32) {
+            reinterpret_cast<float*>(out)[i] = buf[i];
+          } else if (c.rawDtype == kFloat16) {
+            reinterpret_cast<fp16_t*>(out)[i] = fromFloat<fp16_t>(buf[i]);
+          } else {
+            reinterpret_cast<bf16_t*>(out)[i] = fromFloat<bf16_t>(buf[i]);
+          }
+        }
+      });
+    });
+    return;
+  }
+  const int64_t meta = metaBytes(n, c);
+  std::memset(dst + meta, 0, size_t(dataOffset(n, c) - meta));
+  const EncodeRangeFn encode = groupLoops().encodeRotated;
+  forGroupRanges(numGroups(n, c),
+                 [&](int64_t g0, int64_t g1) { encode(x, dtype, n, c, g0, g1, dst, noise); });
+}
+
+void decodeRotatedBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out) {
+  if (n == 0) return;
+  requireWholeGroups(n, c.groupSize, "rotated decode");
+  if (c.bits == 0) {
+    withElements(src, c.rawDtype, [&](auto* p) {
+      forGroups(n / c.groupSize, [&](int64_t g) {
+        float buf[kMaxGroupSize];
+        const auto* in = p + g * c.groupSize;
+        for (int i = 0; i < c.groupSize; ++i) buf[i] = toFloat(in[i]);
+        unrotateGroupInto(buf, c.groupSize, out + g * c.groupSize);
+      });
+    });
+    return;
+  }
+  const DecodeRotatedRangeFn decode = groupLoops().decodeRotated;
+  forGroupRanges(numGroups(n, c), [&](int64_t g0, int64_t g1) { decode(src, n, c, g0, g1, out); });
 }
 
 void divideBy(float* x, int64_t n, float divisor) {

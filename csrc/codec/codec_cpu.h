@@ -27,10 +27,14 @@ void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out);
 // x[i] = x[i] / divisor, in fp32 (AVG divides the sum by the world size).
 void divideBy(float* x, int64_t n, float divisor);
 
-// Rotation (codec.h hadamardGroup): out[0..ceil(n/g)*g) = H x per group, the last group padded
-// with zeros; and the inverse, in place: y = H y / g per group.
-void rotateForward(const void* x, int32_t dtype, int64_t n, int groupSize, float* out);
-void rotateInverse(float* y, int64_t paddedN, int groupSize);
+// Rotation (codec.h hadamardGroup), fused into the codec: n a multiple of the group size (else
+// std::invalid_argument). encodeRotatedBlock: encodeBlock of H x (each group rotated on its way
+// into the quantizer); decodeRotatedBlock: out = H x^ / g (each group rotated back on its way
+// out); rotateToFloat: out = H float(x) per group of `groupSize` (out may be x, for fp32 x).
+void encodeRotatedBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
+                        const Noise& noise = Noise{0, 0, 0});
+void decodeRotatedBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out);
+void rotateToFloat(const void* x, int32_t dtype, int64_t n, int groupSize, float* out);
 
 // out[i] = float(x[i]) for x of `dtype`.
 void castToFloat(const void* x, int32_t dtype, int64_t n, float* out);

@@ -1,6 +1,8 @@
 // CpuCodecOps: CodecOps over the CPU loops of codec_cpu.h.
 #include "codec/codec_ops.h"
 
+#include <stdexcept>
+
 #include "codec/codec_cpu.h"
 
 namespace qcomm {
@@ -35,5 +37,32 @@ void CpuCodecOps::castFromFloat(const float* x, int64_t n, int32_t dtype, void* 
 }
 
 void CpuCodecOps::divide(float* x, int64_t n, int world) { divideBy(x, n, float(world)); }
+
+void CpuCodecOps::encodeRotated(const void* x, int32_t dtype, int64_t n, const CodecSpec& spec,
+                                uint8_t* dst, const Noise& noise) {
+  encodeRotatedBlock(x, dtype, n, spec, dst, noise);
+}
+
+void CpuCodecOps::decodeRotated(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out) {
+  decodeRotatedBlock(src, n, spec, out);
+}
+
+void CpuCodecOps::rotateToFloat(const void* x, int32_t dtype, int64_t n, int groupSize,
+                                float* out) {
+  qcomm::rotateToFloat(x, dtype, n, groupSize, out);
+}
+
+namespace {
+[[noreturn]] void noRotation() {
+  throw std::runtime_error("the rotated codec (rotate=True) is not available on this device");
+}
+}  // namespace
+
+void CodecOps::encodeRotated(const void*, int32_t, int64_t, const CodecSpec&, uint8_t*,
+                             const Noise&) {
+  noRotation();
+}
+void CodecOps::decodeRotated(const uint8_t*, int64_t, const CodecSpec&, float*) { noRotation(); }
+void CodecOps::rotateToFloat(const void*, int32_t, int64_t, int, float*) { noRotation(); }
 
 }  // namespace qcomm

@@ -54,6 +54,17 @@ struct CodecOps {
   virtual void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) = 0;
   // x[i] = x[i] / world, in fp32 (AVG).
   virtual void divide(float* x, int64_t n, int world) = 0;
+
+  // The rotated forms (QuantConfig.rotate), on whole groups: n a multiple of spec.groupSize.
+  // Each group is rotated (codec.h hadamardGroup) on its way into the quantizer or out of the
+  // decoder, never in a pass of its own. A device without them throws std::runtime_error.
+  // dst = the encoded block of H x (per group).
+  virtual void encodeRotated(const void* x, int32_t dtype, int64_t n, const CodecSpec& spec,
+                             uint8_t* dst, const Noise& noise);
+  // out = H x^ / g (per group): the block decoded and rotated back.
+  virtual void decodeRotated(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out);
+  // out = H float(x) (per group of groupSize); out may be x (fp32 x).
+  virtual void rotateToFloat(const void* x, int32_t dtype, int64_t n, int groupSize, float* out);
 };
 
 struct CpuCodecOps final : CodecOps {
@@ -68,6 +79,10 @@ struct CpuCodecOps final : CodecOps {
   void castToFloat(const void* x, int32_t dtype, int64_t n, float* out) override;
   void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) override;
   void divide(float* x, int64_t n, int world) override;
+  void encodeRotated(const void* x, int32_t dtype, int64_t n, const CodecSpec& spec, uint8_t* dst,
+                     const Noise& noise) override;
+  void decodeRotated(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out) override;
+  void rotateToFloat(const void* x, int32_t dtype, int64_t n, int groupSize, float* out) override;
 };
 
 }  // namespace qcomm

@@ -67,6 +67,10 @@ std::vector<Declaration> makeDeclarations() {
           "round codes stochastically: errors of mean zero over calls", "stochastic_rounding");
   boolean("QCOMM_TUNE", S::kGroup, "1",
           "auto times exact against quantized at each size class's first allreduce (CPU)", "tune");
+  integer("QCOMM_SHADOW", S::kGroup, "0", 0, INT32_MAX, false, "an integer >= 0",
+          "every N-th quantized allreduce also runs the exact one on a copy and records the "
+          "error (0: off)",
+          "shadow");
   text("QCOMM_TUNE_FILE", S::kGroup, "", "a file path; empty: ~/.cache/qcomm/tune-<key>.json",
        "the tuning cache: measured choices are loaded from it and saved to it");
 

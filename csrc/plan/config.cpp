@@ -37,6 +37,8 @@ void validateConfig(const QuantConfig& c) {
                     "; allowed: an integer >= 0");
   TORCH_CHECK_VALUE(c.microshards >= 1 && c.microshards <= 64, "[qcomm] invalid microshards ",
                     c.microshards, "; allowed: an integer from 1 to 64");
+  TORCH_CHECK_VALUE(c.shadow >= 0, "[qcomm] invalid shadow ", c.shadow,
+                    "; allowed: an integer >= 0 (0: off)");
 }
 
 }  // namespace qcomm

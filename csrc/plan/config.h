@@ -22,6 +22,9 @@ struct QuantConfig {
   // auto measures, at the first eligible allreduce of each dtype and size class, whether and how
   // to quantize on this link (plan/tuning.h); an explicit algorithm is never tuned over
   bool tune = true;
+  // every shadow-th quantized allreduce (by the call's sequence number, alike on every rank) also
+  // runs the exact allreduce of a copy of its input and records the error; 0: off
+  int32_t shadow = 0;
 };
 
 // Throws c10::ValueError naming the knob, the value given and what is allowed.

@@ -68,19 +68,22 @@ Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {
   p.quantize = true;
   p.userNumel = f.numel;
   p.stochastic = cfg.stochasticRounding;
+  p.shadow = cfg.shadow;
   p.userDtype = f.dtype;
   if (cfg.rotate) {
-    // the rotated message: whole groups, fp32 (a phase set to none ships fp32 here)
+    // whole groups (the caller's tensor padded with zeros where it ends inside one); the codec
+    // rotates each group as it encodes and decodes, and a phase set to none ships the rotated
+    // values as fp32
     p.rotate = true;
     p.numel = ceilDiv(f.numel, cfg.groupSize) * cfg.groupSize;
-    p.dtype = kFloat32;
   }
+  const int32_t raw = p.rotate ? int32_t(kFloat32) : p.dtype;
   // auto: two_step. It has the fewest quantization round trips (two, whatever the world size), so
   // the lowest error, and it needs two collectives where the rings need W-1 hops. The measured
   // crossovers that refine this live in benchmarks/RESULTS.md.
   p.algorithm = cfg.algorithm == kAuto ? kTwoStep : cfg.algorithm;
-  p.rs = CodecSpec{cfg.rsBits, cfg.groupSize, cfg.symmetric ? 1 : 0, p.dtype};
-  p.ag = CodecSpec{cfg.agBits, cfg.groupSize, cfg.symmetric ? 1 : 0, p.dtype};
+  p.rs = CodecSpec{cfg.rsBits, cfg.groupSize, cfg.symmetric ? 1 : 0, raw};
+  p.ag = CodecSpec{cfg.agBits, cfg.groupSize, cfg.symmetric ? 1 : 0, raw};
   const int64_t g = cfg.groupSize;
   p.chunkElems = ceilDiv(ceilDiv(p.numel, g), f.world) * g;
   p.microshards = std::max(1, cfg.microshards);
@@ -91,8 +94,8 @@ Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {
 namespace {
 constexpr int64_t kHeaderMagic = 0x71636f6d6d31;  // "qcomm1"
 const char* const kHeaderNames[PlanHeader::kFields] = {
-    "header",  "numel",      "dtype",     "op",          "algorithm", "rs_bits",
-    "ag_bits", "group_size", "symmetric", "microshards", "rotate",    "stochastic_rounding"};
+    "header",     "numel",     "dtype",       "op",     "algorithm",           "rs_bits", "ag_bits",
+    "group_size", "symmetric", "microshards", "rotate", "stochastic_rounding", "shadow"};
 
 std::string fieldValue(int field, int64_t v) {
   switch (field) {
@@ -118,7 +121,7 @@ std::string fieldValue(int field, int64_t v) {
 PlanHeader headerOf(const Plan& p) {
   return PlanHeader{{kHeaderMagic, p.userNumel, p.userDtype, p.average ? 1 : 0, p.algorithm,
                      p.rs.bits, p.ag.bits, p.rs.groupSize, p.rs.symmetric, p.microshards,
-                     p.rotate ? 1 : 0, p.stochastic ? 1 : 0}};
+                     p.rotate ? 1 : 0, p.stochastic ? 1 : 0, p.shadow}};
 }
 
 std::string describeMismatch(const std::vector<PlanHeader>& headers) {

@@ -35,8 +35,10 @@ struct Plan {
   // so that the transfer of one overlaps the decode-add-encode of the previous one.
   int32_t microshards = 1;
   int64_t shardElems = 0;
-  // Rotation: the algorithm runs on the fp32 rotated message of `numel` (the user's element count
-  // rounded up to whole groups); userNumel and userDtype describe the caller's tensor.
+  // Rotation: the algorithm runs on a message of `numel` elements (the user's count rounded up to
+  // whole groups; the caller pads with zeros) of the caller's dtype, and the codec rotates each
+  // group on its way in and out (schedule.h Call::encodeInput); userNumel and userDtype describe
+  // the caller's tensor.
   bool rotate = false;
   // Stochastic rounding, and the call's sequence number on this group (counted alike on every
   // rank; it seeds the rounding noise, set by the backend).
@@ -49,6 +51,10 @@ struct Plan {
   // two_step's until the measurement has decided).
   bool tuned = false;
   bool tuneNeeded = false;
+  // Shadow mode (config.shadow): every shadow-th call by callSeq also runs the exact allreduce of
+  // a copy of its input (shadowed()); part of the header, since it adds an exchange.
+  int32_t shadow = 0;
+  bool shadowed() const { return shadow > 0 && callSeq % uint32_t(shadow) == 0; }
 
   ChunkRange chunk(int c) const;
   ChunkRange shard(int c, int k) const;  // absolute element range of shard k of chunk c
@@ -85,7 +91,7 @@ Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg);
 // made from. Ranks exchange these few bytes first, so a mismatch (a different numel, dtype, op or
 // config on some rank) becomes a clear error on every rank instead of a hang or wrong numbers.
 struct PlanHeader {
-  static constexpr int kFields = 12;
+  static constexpr int kFields = 13;
   int64_t field[kFields];
 };
 

@@ -21,6 +21,7 @@ inline QuantConfig configFromTuple(const pybind11::tuple& cfg) {
   c.rotate = cfg[7].cast<bool>();
   c.stochasticRounding = cfg[8].cast<bool>();
   c.tune = cfg[9].cast<bool>();
+  c.shadow = cfg[10].cast<int>();
   validateConfig(c);
   return c;
 }
@@ -37,6 +38,7 @@ inline pybind11::dict configToDict(const QuantConfig& c) {
   d["rotate"] = c.rotate;
   d["stochastic_rounding"] = c.stochasticRounding;
   d["tune"] = c.tune;
+  d["shadow"] = c.shadow;
   return d;
 }
 

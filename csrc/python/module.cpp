@@ -118,6 +118,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              d["cpu_threads"] = b.cpuThreadsUsed();
              d["tuned_classes"] = b.stats().tunedClasses.load();
              d["tune_seconds"] = double(b.stats().tuneNanos.load()) * 1e-9;
+             py::dict shadow;
+             for (const auto& kv : b.shadowStats()) {
+               const ShadowStat& s = kv.second;
+               py::dict e;
+               e["calls"] = s.calls;
+               e["rel_l2_mean"] = s.calls ? s.relL2Sum / double(s.calls) : 0.0;
+               e["rel_l2_max"] = s.relL2Max;
+               e["max_abs_error"] = s.maxAbs;
+               e["seconds"] = s.seconds;
+               shadow[py::str(kv.first)] = e;
+             }
+             d["shadow"] = shadow;
              return d;
            })
       .def(

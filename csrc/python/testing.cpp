@@ -73,28 +73,48 @@ std::unique_ptr<CodecOps> codecOpsFor(const c10::Device& device) {
                     device.is_cuda() ? " (this build of qcomm has no CUDA kernels)" : "");
 }
 
-// Encode a 1-D CPU tensor with one codec: returns the wire bytes.
+// Encode a 1-D CPU tensor with one codec: returns the wire bytes. rotate: the rotated codec
+// (encodeRotatedBlock, whole groups; a raw codec, bits 0, then stores fp32).
 at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmetric,
-                       py::object noiseSalt, int64_t noiseBase) {
+                       py::object noiseSalt, int64_t noiseBase, bool rotate) {
   TORCH_CHECK_VALUE(x.device().is_cpu(), "[qcomm] codec: CPU tensors only");
   at::Tensor c = x.contiguous().view({-1});
-  const CodecSpec spec = makeSpec(bits, groupSize, symmetric, c.scalar_type());
+  const CodecSpec spec =
+      makeSpec(bits, groupSize, symmetric, rotate ? at::kFloat : c.scalar_type());
   at::Tensor out = at::empty({encodedBytes(c.numel(), spec)}, at::kByte);  // every byte is written
   const Noise noise = noiseOf(noiseSalt, noiseBase);
-  encodeBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec, out.data_ptr<uint8_t>(),
-              noise);
+  if (rotate) {
+    encodeRotatedBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec,
+                       out.data_ptr<uint8_t>(), noise);
+  } else {
+    encodeBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec, out.data_ptr<uint8_t>(),
+                noise);
+  }
   return out;
 }
 
-// Decode wire bytes of n elements to fp32.
+// Decode wire bytes of n elements to fp32 (rotate: and rotate each group back).
 at::Tensor codecDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSize, bool symmetric,
-                       at::ScalarType raw) {
+                       at::ScalarType raw, bool rotate) {
   const CodecSpec spec = makeSpec(bits, groupSize, symmetric, raw);
   TORCH_CHECK_VALUE(bytes.scalar_type() == at::kByte && bytes.numel() == encodedBytes(n, spec),
                     "[qcomm] codec: expected ", encodedBytes(n, spec), " bytes");
   at::Tensor b = bytes.contiguous();
   at::Tensor out = at::empty({n}, at::kFloat);
-  decodeBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>(), false);
+  if (rotate) {
+    decodeRotatedBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>());
+  } else {
+    decodeBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>(), false);
+  }
+  return out;
+}
+
+// H float(x) per group of groupSize (CPU; whole groups).
+at::Tensor rotateToFloatT(const at::Tensor& x, int groupSize) {
+  at::Tensor c = x.contiguous().view({-1});
+  at::Tensor out = at::empty({c.numel()}, at::kFloat);
+  rotateToFloat(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), groupSize,
+                out.data_ptr<float>());
   return out;
 }
 
@@ -291,9 +311,12 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
 
 void registerTesting(py::module& m, py::object backendBase) {
   m.def("codec_encode", &codecEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
-        py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
+        py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0,
+        py::arg("rotate") = false);
   m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
-        py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat);
+        py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat,
+        py::arg("rotate") = false);
+  m.def("rotate_to_float", &rotateToFloatT, py::arg("x"), py::arg("group_size"));
   m.def("encoded_bytes", [](int64_t n, int bits, int groupSize, bool symmetric) {
     return encodedBytes(n, CodecSpec{bits, groupSize, symmetric ? 1 : 0, kFloat32});
   });

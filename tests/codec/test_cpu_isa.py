@@ -76,6 +76,34 @@ def test_codec_matches_reference_in_every_instruction_set(isa):
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_rotated_codec_matches_reference_in_every_instruction_set(isa):
+    # the rotation fused into the codec (each group rotated on its way in and out) gives the bits
+    # of the reference's separate passes: encode(H x), and H decode / g
+    assert _C.cpu_isa() == isa
+    for bits, sym, g, dtype in itertools.product([0, 4, 8], [True, False], [32, 128, 1024], DTYPES):
+        if bits == 0 and not sym:
+            continue
+        n = 5 * g
+        x = _values(6144, seed=g + bits)[:n].to(dtype)
+        case = f"{isa} bits={bits} sym={sym} g={g} {dtype}"
+        rot = ref.rotate_forward(x, g)
+        assert same_floats(_C._testing.rotate_to_float(x, g), rot), f"{case}: rotation"
+        b = _C._testing.codec_encode(x, bits, g, sym, rotate=True)
+        if bits == 0:  # raw: the rotated values as fp32
+            assert torch.equal(b, rot.view(torch.uint8)), f"{case}: raw wire bytes"
+            back = _C._testing.codec_decode(b, n, 0, g, sym, rotate=True)
+            assert same_floats(back, ref.rotate_inverse(rot, g)), f"{case}: raw decoded"
+            continue
+        c = ref.Codec(bits, g, sym)
+        assert torch.equal(b, ref.encode_bytes(rot, c)), f"{case}: wire bytes"
+        y = _C._testing.codec_decode(b, n, bits, g, sym, rotate=True)
+        want = ref.rotate_inverse(ref.roundtrip(rot, c)[0], g)
+        assert same_floats(y, want), f"{case}: decoded values"
+    with pytest.raises(ValueError, match="whole groups of 32"):
+        _C._testing.codec_encode(torch.ones(40), 8, 32, True, rotate=True)
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
 def test_accumulating_sums_match_reference_in_every_instruction_set(isa):
     # two_step's owners decode W copies with accumulate; the ring's hops decode with accumulate
     g = inproc.group(3)

@@ -97,8 +97,11 @@ def test_resolve_precedence_and_types(monkeypatch):
 
 def test_cpp_validation_matches_python():
     # the C++ side rejects what Python rejects, even if Python's check is bypassed
-    bad = (0, 6, 8, 128, False, 0, 4, False, False, False)  # rs_bits 6
+    bad = (0, 6, 8, 128, False, 0, 4, False, False, False, 0)  # rs_bits 6
     with pytest.raises(ValueError, match="rs_bits"):
+        qcomm._C.QncclBackend(0, 1, __import__("datetime").timedelta(seconds=5), None, None, bad)
+    bad = (0, 8, 8, 128, False, 0, 4, False, False, False, -1)  # shadow -1
+    with pytest.raises(ValueError, match="shadow"):
         qcomm._C.QncclBackend(0, 1, __import__("datetime").timedelta(seconds=5), None, None, bad)
 
 
