@@ -174,6 +174,98 @@ def microbench(opts) -> list:
     return rows
 
 
+def rotation_bench(opts) -> list:
+    """The rotated codec (rotate=True: each group Hadamard-rotated inside the encode and decode
+    loops) against the plain one, the same calls interleaved: --rounds rounds, each timing plain
+    then rotated encode, then plain then rotated decode, for --min-time / 2 each. Net of the
+    output allocation (as the codec table), one thread. Returns one row per (size, dtype, bits,
+    scale) with the per-round ratios rotated / plain of GB/s."""
+    import torch
+
+    from qcomm import _C
+
+    rows = []
+    gs = opts.group_size
+    gen = torch.Generator().manual_seed(4321)
+    t = _C._testing
+    for size in opts.sizes:
+        for dname in ("fp32", "bf16"):
+            dtype = getattr(torch, bench.DTYPES[dname])
+            n = size // bench.ELEM_BYTES[dname] // gs * gs
+            x = torch.randn(n, generator=gen).to(dtype)
+            pre = torch.empty(n, dtype=torch.float32)
+            dec_alloc_s = max(
+                0.0,
+                timeit(lambda n=n: torch.empty(n, dtype=torch.float32).fill_(0), opts.min_time)
+                - timeit(lambda pre=pre: pre.fill_(0), opts.min_time),
+            )
+            for bits in (8, 4):
+                for sym in (False, True):
+                    nbytes = t.encoded_bytes(n, bits, gs, sym)
+                    zeros_s = timeit(
+                        lambda nb=nbytes: torch.zeros(nb, dtype=torch.uint8), opts.min_time
+                    )
+                    enc = {r: t.codec_encode(x, bits, gs, sym, rotate=r) for r in (False, True)}
+                    ratios = {"encode": [], "decode": []}
+                    rates = {(k, r): [] for k in ratios for r in (False, True)}
+                    for _ in range(opts.rounds):
+                        for kind in ("encode", "decode"):
+                            got = {}
+                            for r in (False, True):
+                                if kind == "encode":
+                                    s = timeit(
+                                        lambda r=r, b=bits, q=sym, x=x: t.codec_encode(
+                                            x, b, gs, q, rotate=r
+                                        ),
+                                        opts.min_time / 2,
+                                    )
+                                    net = max(s - zeros_s, 1e-12)
+                                else:
+                                    s = timeit(
+                                        lambda r=r, b=bits, q=sym, e=enc, n=n, d=dtype: (
+                                            t.codec_decode(e[r], n, b, gs, q, d, rotate=r)
+                                        ),
+                                        opts.min_time / 2,
+                                    )
+                                    net = max(s - dec_alloc_s, 1e-12)
+                                got[r] = gbps(n * x.element_size(), net)
+                                rates[(kind, r)].append(got[r])
+                            ratios[kind].append(got[True] / got[False])
+                    row = dict(size=size, dtype=dname, bits=bits, symmetric=sym)
+                    for kind in ratios:
+                        row[kind] = (
+                            statistics.median(rates[(kind, False)]),
+                            statistics.median(rates[(kind, True)]),
+                            statistics.median(ratios[kind]),
+                            min(ratios[kind]),
+                            max(ratios[kind]),
+                        )
+                    rows.append(row)
+                    e, d = row["encode"], row["decode"]
+                    print(
+                        f"[rotation] {bench.size_label(size)} {dname} {bits}-bit "
+                        f"{'sym' if sym else 'asym'}: encode {e[0]:.2f} -> {e[1]:.2f} GB/s "
+                        f"({e[2]:.2f}x), decode {d[0]:.2f} -> {d[1]:.2f} GB/s ({d[2]:.2f}x)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    return rows
+
+
+def rotation_table(rows: list) -> str:
+    head = ["size", "input", "bits", "scale"]
+    for kind in ("encode", "decode"):
+        head += [f"{kind} net GB/s", f"{kind} rotated", f"{kind} ratio (min-max)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = row_label(r)
+        for kind in ("encode", "decode"):
+            plain, rot, med, lo, hi = r[kind]
+            cells += [f"{plain:.2f}", f"{rot:.2f}", f"{med:.2f}x ({lo:.2f}-{hi:.2f})"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def row_label(r: dict) -> list:
     """The first cells of a codec row: size, input dtype, bits, scale."""
     return [
@@ -345,6 +437,14 @@ def main(argv=None) -> int:
         help="instruction sets of the codec loops timed side by side (comma-separated, or 'all' "
         "for every one this CPU has, the default; 'none' for only the one in use)",
     )
+    ap.add_argument(
+        "--rotation",
+        action="store_true",
+        help="only the rotated codec against the plain one, interleaved (rotate=True's cost)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds of --rotation (default 5)"
+    )
     opts = ap.parse_args(argv)
 
     import torch
@@ -376,6 +476,16 @@ def main(argv=None) -> int:
         + " ".join(f"{x:.2f}" for x in os.getloadavg()),
         flush=True,
     )
+    if opts.rotation:
+        rows = rotation_bench(opts)
+        print(
+            f"\n## The rotated codec against the plain one, one core, group {opts.group_size} "
+            f"({opts.rounds} interleaved rounds; ratio = rotated / plain GB/s, median and "
+            "range over rounds)\n"
+        )
+        print(rotation_table(rows), flush=True)
+        print(f"\n# {time.perf_counter() - start:.0f} s", flush=True)
+        return 0
     rows = microbench(opts)
     print(
         "\n## CPU codec, one core (GB/s = input bytes per second; 'net' = minus the output "

@@ -21,13 +21,25 @@ norms are replicated; the LM head is split by vocabulary, its softmax combined e
 For every allreduce the partials are also all-gathered over Gloo, so the error of the quantized
 sum against the float64 exact sum is measured on the model's real activations, per site.
 
-Text (fixed slice, documented in the output): /work/shared/data/sotu, the speeches from 2001 on in
-year order; window k is the first ``--window`` tokens of the k-th speech (``--speeches`` of them),
-so each window starts at the beginning of a speech; perplexity is exp of the mean next-token
-negative log-likelihood over all predicted tokens (window - 1 per window).
+Text (fixed slices, documented in the output): /work/shared/data/sotu, ``--text modern`` (the
+default) the speeches from 2001 on in year order (spoken addresses of the 21st century), ``--text
+early`` the speeches from 1801 on in year order (the written annual messages of Jefferson and
+Madison: early-19th-century prose, every one of them 2064 tokens or longer); window k is the first
+``--window`` tokens of the k-th speech (``--speeches`` of them), so each window starts at the
+beginning of a speech; perplexity is exp of the mean next-token negative log-likelihood over all
+predicted tokens (window - 1 per window). A window longer than the model's context length
+(``llama.context_length`` in the GGUF: 8192) is refused.
+
+Wire bytes per element: what one rank sends per element a phase carries, from the codec's layout
+(csrc/codec/codec.h: bits/8 of data per element plus, per group, an fp32 scale, and an fp32 mid
+when asymmetric; a phase left unquantized ships fp32, 4 bytes), averaged over the reduce and the
+gather phase (every algorithm here sends (W-1)/W of the message per rank in each phase, so the
+average is the plain mean). Rotation changes nothing on the wire. Each run checks it against the
+bytes the backend counted (``qcomm.stats``: wire_bytes).
 
     python benchmarks/llm_perplexity.py --out benchmarks/llm_perplexity.md
     python benchmarks/llm_perplexity.py --speeches 4 --window 256 --configs none,two_step:8/8
+    python benchmarks/llm_perplexity.py --grid --text early --speeches 2 --window 2048 --no-single
 """
 
 from __future__ import annotations
@@ -53,6 +65,19 @@ sys.path.insert(0, HERE)
 import fetch_model  # noqa: E402
 
 SITES = ("attn out", "mlp down")
+# --text: (first year, what the slice is)
+TEXT_SETS = {
+    "modern": (2001, "State of the Union speeches from 2001 on (21st-century spoken addresses)"),
+    "early": (
+        1801,
+        "State of the Union speeches from 1801 on (Jefferson's and Madison's written "
+        "annual messages)",
+    ),
+}
+GRID_BITS = ("8/8", "4/8", "4/4")
+GRID_GROUPS = (32, 64, 128)
+# position buckets of the per-position table: [lo, hi) of the predicted token's index in its window
+POSITION_BUCKETS = ((0, 512), (512, 1024), (1024, 2048), (2048, 8192))
 DEFAULT_CONFIGS = (
     "none,two_step:8/8,two_step:4/8,two_step:4/4,ring:8/8,ring:4/8,ring:4/4,"
     "semi_ring:8/8,semi_ring:4/8,semi_ring:4/4,two_step:8/8:g32,two_step:4/8:g32,two_step:4/4:g32"
@@ -84,6 +109,7 @@ class Hparams:
     eps: float
     theta: float
     vocab: int
+    ctx: int = 0  # llama.context_length: the longest sequence the model was trained for
 
     @property
     def head_dim(self) -> int:
@@ -112,6 +138,7 @@ def load_gguf(path: str):
         eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
         theta=float(_field(reader, "llama.rope.freq_base")),
         vocab=int(_field(reader, "llama.vocab_size")),
+        ctx=int(_field(reader, "llama.context_length")),
     )
     weights = {}
     for t in reader.tensors:
@@ -290,24 +317,73 @@ def paired_delta(nll: torch.Tensor, nll_ref: torch.Tensor):
 # ---- tensor-parallel evaluation over qnccl ----
 
 
+def grid_specs(algorithms: List[str]) -> List[str]:
+    """none, then per algorithm: int8/int6/int4 x rotation off/on x group 32/64/128 (asymmetric
+    groups), then int6 rotated with symmetric (absmax) groups of 32/64/128."""
+    out = ["none"]
+    for a in algorithms:
+        for bits in GRID_BITS:
+            for rot in ("", ":rot"):
+                out += [f"{a}:{bits}:g{g}{rot}" for g in GRID_GROUPS]
+        out += [f"{a}:4/8:g{g}:rot:sym" for g in GRID_GROUPS]
+    return out
+
+
+def split_spec(spec: str):
+    """'none' or 'algorithm:rs/ag[:gGROUP][:rot][:sym]' -> (algorithm, rs bits, ag bits, group,
+    rotate, symmetric); bits None for a phase that ships fp32 ('none'); group 128 unless given."""
+    if spec == "none":
+        return "none", None, None, 128, False, False
+    algo, bits, *rest = spec.split(":")
+    rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
+    for r in rest:
+        if r not in ("rot", "sym") and not (r[:1] == "g" and r[1:].isdigit()):
+            raise ValueError(f"{spec}: unknown option {r!r} (gGROUP, rot or sym)")
+    group = next((int(r[1:]) for r in rest if r.startswith("g")), 128)
+    return algo, rs, ag, group, "rot" in rest, "sym" in rest
+
+
 def parse_config(spec: str):
-    """'none' or 'algorithm:rs/ag' with optional ':gGROUP' and ':rot' (Hadamard rotation) ->
-    QuantConfig (min_bytes=0; group size 128 unless given)."""
+    """'none' or 'algorithm:rs/ag' with optional ':gGROUP', ':rot' (Hadamard rotation) and ':sym'
+    (symmetric, absmax groups) -> QuantConfig (min_bytes=0; group size 128 unless given)."""
     import qcomm
 
     if spec == "none":
         return qcomm.QuantConfig(algorithm="none", min_bytes=0)
-    algo, bits, *rest = spec.split(":")
-    rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
-    group = next((int(r[1:]) for r in rest if r.startswith("g")), 128)
+    algo, rs, ag, group, rot, sym = split_spec(spec)
     return qcomm.QuantConfig(
         algorithm=algo,
         rs_bits=rs,
         ag_bits=ag,
         min_bytes=0,
         group_size=group,
-        rotate="rot" in rest,
+        symmetric=sym,
+        rotate=rot,
     )
+
+
+def phase_bytes_per_element(bits: Optional[int], group: int, symmetric: bool) -> float:
+    """Bytes on the wire per element of one phase: bits/8 of data plus the group's fp32 metadata
+    (scale; and mid when asymmetric) spread over its elements; fp32 (4) when not quantized."""
+    if bits is None:
+        return 4.0
+    return bits / 8 + (4 if symmetric else 8) / group
+
+
+def wire_bytes_per_element(spec: str) -> float:
+    """The mean over the reduce and the gather phase of phase_bytes_per_element (4.0: 'none')."""
+    algo, rs, ag, group, _, sym = split_spec(spec)
+    if algo == "none":
+        return 4.0
+    return (phase_bytes_per_element(rs, group, sym) + phase_bytes_per_element(ag, group, sym)) / 2
+
+
+def measured_bytes_per_element(stats: dict, world: int) -> Optional[float]:
+    """The same from the backend's counters: wire_bytes / input_bytes * 4 (fp32) is what a rank
+    sent per element of its message over both phases, (W-1)/W of the message in each."""
+    if not stats.get("wire_bytes"):
+        return None
+    return 4 * stats["wire_bytes"] / stats["input_bytes"] * world / (2 * (world - 1))
 
 
 def tp_eval(rank, world, model_path, windows, specs, threads=1):
@@ -343,7 +419,8 @@ def tp_eval(rank, world, model_path, windows, specs, threads=1):
         return torch.stack(parts)
 
     results = []
-    for spec in specs:
+    t_all = time.perf_counter()
+    for i, spec in enumerate(specs):
         qcomm.set_config(parse_config(spec), group=tpg)
         qcomm.reset_stats(tpg)
         acc.clear()
@@ -358,6 +435,14 @@ def tp_eval(rank, world, model_path, windows, specs, threads=1):
         results.append(
             dict(spec=spec, ppl=ppl, nll=nll.tolist(), errors=errs, stats=st, seconds=elapsed)
         )
+        if rank == 0:
+            d = 100 * paired_delta(nll, results[0]["nll"])[0] if results[0]["spec"] == "none" else 0
+            print(
+                f"[{i + 1}/{len(specs)}] {spec}: perplexity {ppl:.4f} ({d:+.2f}% vs the first), "
+                f"{elapsed:.1f} s, {time.perf_counter() - t_all:.0f} s so far",
+                file=sys.stderr,
+                flush=True,
+            )
     return results
 
 
@@ -377,9 +462,35 @@ def wrap(text: str) -> str:
     return textwrap.fill(text, 100, break_long_words=False, break_on_hyphens=False)
 
 
-def table(results, single_ppl: Optional[float], header: str) -> str:
-    """The header paragraph, then two tables of the same runs (each line within 100 characters):
-    perplexity, bytes and time; then the allreduce error per site."""
+def _label(spec: str):
+    """(algorithm, rs/ag, group, scaling, rotation) cells of a config spec."""
+    if spec == "none":
+        return ("none", "-", "-", "-", "-")
+    algo, rs, ag, group, rot, sym = split_spec(spec)
+    bits = "/".join("none" if b is None else str(b) for b in (rs, ag))
+    return (algo, bits, str(group), "absmax" if sym else "min/max", "yes" if rot else "-")
+
+
+def position_deltas(nll, nll_ref, window: int):
+    """[(lo, hi, relative change, SE)] per POSITION_BUCKETS bucket of predicted-token index within
+    its window (windows all of `window` tokens, window - 1 predictions each), buckets the window
+    reaches only."""
+    n = window - 1
+    d = torch.as_tensor(nll, dtype=torch.float64).view(-1, n)
+    r = torch.as_tensor(nll_ref, dtype=torch.float64).view(-1, n)
+    out = []
+    for lo, hi in POSITION_BUCKETS:
+        if lo >= n:
+            break
+        hi = min(hi, n)
+        out.append((lo, hi, *paired_delta(d[:, lo:hi].flatten(), r[:, lo:hi].flatten())))
+    return out
+
+
+def table(results, single_ppl: Optional[float], header: str, window: int = 0) -> str:
+    """The header paragraph, then tables of the same runs (each line within 100 characters):
+    perplexity, wire bytes and time; the change per position in the window (windows longer than
+    512 tokens); then the allreduce error per site."""
     ref = next(r for r in results if r["spec"] == "none")
     exact = ref["ppl"]
     lines = [wrap(header), ""]
@@ -391,56 +502,115 @@ def table(results, single_ppl: Optional[float], header: str) -> str:
             ),
             "",
         ]
-    key = "| algorithm | rs/ag | group |"
+    key = "| algorithm | rs/ag | group | scale | rot |"
     ppl_lines = [
-        f"{key} perplexity | vs exact (± 1 SE) | input/wire bytes | seconds |",
-        "|---|---|---|---|---|---|---|",
+        f"{key} ppl | vs exact (± 1 SE) | wire B/elem | in/wire | s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     err_lines = [
-        f"{key} attn out rel L2 (worst call) | mlp down rel L2 (worst call) |",
-        "|---|---|---|---|---|",
+        "| config | attn out rel L2 (worst call) | mlp down rel L2 (worst call) |",
+        "|---|---|---|",
+    ]
+    buckets = position_deltas(ref["nll"], ref["nll"], window) if window else []
+    pos_lines = [
+        "| config | " + " | ".join(f"context {lo + 1}-{hi}" for lo, hi, _, _ in buckets) + " |",
+        "|---|" + "---|" * len(buckets),
     ]
     for r in results:
-        algo, _, rest = r["spec"].partition(":")
-        bits, _, group = rest.partition(":")
         d, se = (100 * v for v in paired_delta(r["nll"], ref["nll"]))
         e = [f"{r['errors'][k][0]:.2e} ({r['errors'][k][1]:.2e})" for k in SITES]
         c = r["stats"]["compression"]
-        opts = group.split(":") if group else []
-        g = next((o[1:] for o in opts if o.startswith("g")), "128" if bits else "-")
-        if "rot" in opts:
-            g += " + rotation"
-        row = f"| {algo} | {bits or '-'} | {g} |"
+        row = "| " + " | ".join(_label(r["spec"])) + " |"
+        wb = wire_bytes_per_element(r["spec"])
         ppl_lines.append(
-            f"{row} {r['ppl']:.4f} | {d:+.2f}% ± {se:.2f}% | {f'{c:.2f}x' if c else '-'} "
-            f"| {r['seconds']:.1f} |"
+            f"{row} {r['ppl']:.4f} | {d:+.2f}% ± {se:.2f}% | {wb:.3f} "
+            f"| {f'{c:.2f}x' if c else '-'} | {r['seconds']:.1f} |"
         )
-        err_lines.append(f"{row} {e[0]} | {e[1]} |")
-    return "\n".join(lines + ppl_lines + [""] + err_lines)
+        err_lines.append(f"| {r['spec']} | {e[0]} | {e[1]} |")
+        if len(buckets) > 1:
+            cells = [
+                f"{100 * x:+.2f}% ± {100 * y:.2f}%"
+                for _, _, x, y in position_deltas(r["nll"], ref["nll"], window)
+            ]
+            pos_lines.append(f"| {r['spec']} | " + " | ".join(cells) + " |")
+    out = lines + ppl_lines + [""]
+    if len(buckets) > 1:
+        out += (
+            [
+                wrap(
+                    "The change against exact by the tokens of context before the predicted "
+                    "token (its position in the window; ± 1 SE):"
+                ),
+                "",
+            ]
+            + pos_lines
+            + [""]
+        )
+    return "\n".join(out + err_lines)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--world", type=int, default=3, help="tensor-parallel ranks (divides 3)")
-    p.add_argument("--speeches", type=int, default=6, help="speeches from 2001 on, one window each")
-    p.add_argument("--window", type=int, default=512, help="tokens per window")
-    p.add_argument("--configs", default=DEFAULT_CONFIGS, help="none or algorithm:rs/ag, ...")
+    p.add_argument(
+        "--text",
+        choices=sorted(TEXT_SETS),
+        default="modern",
+        help="modern: speeches from 2001 on; early: speeches from 1801 on",
+    )
+    p.add_argument(
+        "--speeches", type=int, default=6, help="speeches of the text set, one window each"
+    )
+    p.add_argument("--window", type=int, default=512, help="tokens per window (<= context length)")
+    p.add_argument(
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help="none or algorithm:rs/ag[:gGROUP][:rot][:sym], ... (rot: rotation; sym: absmax)",
+    )
+    p.add_argument(
+        "--grid",
+        nargs="?",
+        const="two_step",
+        metavar="ALGOS",
+        help="instead of --configs: none, then per algorithm (default two_step; comma-separated)\n"
+        "int8/int6/int4 x rotation off/on x group 32/64/128, and int6 rotated absmax groups",
+    )
     p.add_argument("--no-single", action="store_true", help="skip the single-process reference")
     p.add_argument("--out", help="write the tables as Markdown to this file")
     args = p.parse_args()
+    if args.window < 2:
+        sys.exit(f"llm_perplexity: --window {args.window}: at least 2 tokens")
     try:
         path = fetch_model.fetch()
     except fetch_model.FetchError as e:
         sys.exit(f"llm_perplexity: no model: {e}")
-    specs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if args.grid:
+        specs = grid_specs([a.strip() for a in args.grid.split(",") if a.strip()])
+    else:
+        specs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if "none" not in specs:
         specs.insert(0, "none")
+    for spec in specs:
+        split_spec(spec)  # a typo fails now, not after the first runs
 
-    t0 = time.perf_counter()
+    t_start = t0 = time.perf_counter()
     hp, weights, tok = load_gguf(path)
-    windows = sotu_windows(tok, args.speeches, args.window)
+    if args.window > hp.ctx:
+        sys.exit(
+            f"llm_perplexity: --window {args.window} is longer than the model's context length "
+            f"{hp.ctx} (llama.context_length in {os.path.basename(path)})"
+        )
+    first_year, text_name = TEXT_SETS[args.text]
+    windows = sotu_windows(tok, args.speeches, args.window, first_year)
+    n_tok = sum(w.numel() - 1 for w in windows)
     print(f"model {os.path.basename(path)} (sha256 {fetch_model.SHA256[:12]}...), {hp}")
     print(f"loaded in {time.perf_counter() - t0:.1f} s; tokenizer round-trips every speech")
+    print(
+        f"{len(specs)} configs x {args.speeches} windows of {args.window} tokens "
+        f"({n_tok} predicted tokens each)",
+        file=sys.stderr,
+        flush=True,
+    )
     single = None
     if not args.no_single:
         torch.set_num_threads(1)  # as each TP rank; more threads straggle on a loaded machine
@@ -451,23 +621,32 @@ def main():
     t0 = time.perf_counter()
     results = launch(args.world, path, windows, specs)
     total = time.perf_counter() - t0
-    n_tok = sum(w.numel() - 1 for w in windows)
-    names = ", ".join(os.path.basename(f)[:-4] for f in sotu_files(args.speeches))
+    # the wire bytes per element from the codec's layout, against what the backend counted
+    worst = 0.0
+    for r in results:
+        m = measured_bytes_per_element(r["stats"], args.world)
+        if m is not None:
+            worst = max(worst, abs(m / wire_bytes_per_element(r["spec"]) - 1))
+    names = ", ".join(os.path.basename(f)[:-4] for f in sotu_files(args.speeches, first_year))
     header = (
         f"SmolLM2-135M-Instruct (GGUF Q4_1 weights, dequantized to fp32), TP={args.world} on CPU "
-        f"over qnccl (Gloo), min_bytes=0, asymmetric (min/max) groups of the size in the group "
-        f"column. Text: the first {args.window} tokens of each of the {args.speeches} State of the "
-        f"Union speeches from 2001 on "
-        f"(shared/data/sotu: {names}), {n_tok} predicted tokens. Relative L2 error of each "
-        f"allreduce site "
-        f"against the float64 sum of the same partials, over all its calls (worst single call in "
-        f"parentheses). '± 1 SE': standard error of the change from the per-token differences of "
-        f"negative log-likelihood to the exact run (tokens taken as independent, an approximation):"
-        f" changes within about 2 SE are not resolved by this sample."
+        f"over qnccl (Gloo), min_bytes=0; groups of the size in the group column, min/max "
+        f"(asymmetric: fp32 scale and mid per group) or absmax (symmetric: fp32 scale). Text: the "
+        f"first {args.window} tokens of each of the first {args.speeches} {text_name} "
+        f"(shared/data/sotu: {names}), {n_tok} predicted tokens. 'wire B/elem': bytes one rank "
+        f"sends per element a phase carries, from the codec's layout (bits/8 plus the group's "
+        f"fp32 metadata over its elements; fp32 for an unquantized phase), the mean of the reduce "
+        f"and the gather phase (each sends (W-1)/W of the message per rank); the backend's own "
+        f"count of sent bytes agrees within {100 * worst:.2f}%. 'in/wire': fp32 bytes in over "
+        f"bytes sent, both phases; s: seconds. Relative L2 error of each allreduce site against "
+        f"the float64 sum of the same partials, over all its calls (worst single call in "
+        f"parentheses). '± 1 SE': standard error of the change from the per-token differences "
+        f"of negative log-likelihood to the exact run (tokens taken as independent, an "
+        f"approximation): changes within about 2 SE are not resolved by this sample."
     )
-    md = table(results, single, header)
+    md = table(results, single, header, args.window)
     print(md)
-    print(f"TP runs: {total:.1f} s")
+    print(f"TP runs: {total:.1f} s; all: {time.perf_counter() - t_start:.1f} s")
     if args.out:
         with open(args.out, "w") as f:
             f.write(md + "\n")

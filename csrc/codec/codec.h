@@ -561,10 +561,10 @@ QCOMM_HD void decodeGroupT(const uint8_t* block, int64_t n, const CodecSpec& c, 
 // ---- Hadamard rotation of a group (QuantConfig.rotate) ----
 //
 // y = H x with H the unnormalised g x g Walsh-Hadamard matrix (entries +-1), computed by the fast
-// transform: stages h = 1, 2, 4, ..., g/2, each replacing every pair (x[j], x[j + h]) (j with bit
-// h clear) by (a + b, a - b). Every output of a stage depends only on the pair it came from, so
-// the order in which a stage visits its pairs does not change a bit: stages 1, 2 and 4 run on each
-// run of 8 elements while they are in registers, the later ones across the group. H H = g I, so
+// transform: stages h = 1, 2, 4, ..., g/2 in that order, each replacing every pair (x[j], x[j + h])
+// (j with bit h clear) by (a + b, a - b). Every output of a stage depends only on the pair it came
+// from, so the order in which a stage visits its pairs (a CUDA warp's lanes, a vector's) does not
+// change a bit; the order of the stages does, and is fixed (qcomm/reference.py). H H = g I, so
 // x = H y / g; g is a power of two, so the division is exact. Rotation spreads an outlier's
 // energy over its whole group, which shrinks the quantization step of the other elements; it is
 // linear, so ranks sum in the rotated domain and one inverse rotation at the end suffices.
@@ -574,22 +574,43 @@ QCOMM_HD void decodeGroupT(const uint8_t* block, int64_t n, const CodecSpec& c, 
 // rotates it back on its way out: no pass over the message of its own.
 constexpr int kMaxGroupSize = 1024;
 
-QCOMM_HD void hadamardGroup(float* x, int g) {
-  int h = 1;
-  if (g % 8 == 0) {
-    for (int i = 0; i < g; i += 8) {
-      float v[8];
-      for (int j = 0; j < 8; ++j) v[j] = x[i + j];
-      for (int s = 1; s < 8; s *= 2) {
-        float w[8];
-        for (int j = 0; j < 8; ++j) w[j] = (j & s) ? v[j - s] - v[j] : v[j] + v[j + s];
-        for (int j = 0; j < 8; ++j) v[j] = w[j];
+// One stage h = H of the transform on a group of G elements, then the later ones. G and H are
+// compile-time constants, so each stage's loops have fixed trip counts: the compiler unrolls and
+// vectorizes them (about 15x the speed of the same loops with a run-time group size, measured on
+// the dev VM).
+template <int G, int H = 1>
+QCOMM_HD void hadamardStages(float* x) {
+  if constexpr (H < G) {
+    for (int i = 0; i < G; i += 2 * H) {
+      for (int j = i; j < i + H; ++j) {
+        const float a = x[j];
+        const float b = x[j + H];
+        x[j] = a + b;
+        x[j + H] = a - b;
       }
-      for (int j = 0; j < 8; ++j) x[i + j] = v[j];
     }
-    h = 8;
+    hadamardStages<G, 2 * H>(x);
   }
-  for (; h < g; h *= 2) {
+}
+
+QCOMM_HD void hadamardGroup(float* x, int g) {
+  switch (g) {
+    case 32:
+      return hadamardStages<32>(x);
+    case 64:
+      return hadamardStages<64>(x);
+    case 128:
+      return hadamardStages<128>(x);
+    case 256:
+      return hadamardStages<256>(x);
+    case 512:
+      return hadamardStages<512>(x);
+    case 1024:
+      return hadamardStages<1024>(x);
+    default:
+      break;
+  }
+  for (int h = 1; h < g; h *= 2) {
     for (int i = 0; i < g; i += 2 * h) {
       for (int j = i; j < i + h; ++j) {
         const float a = x[j];
