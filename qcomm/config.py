@@ -40,7 +40,7 @@ class QuantConfig:
         channels over their group, which matters most at 4 bits. The rotation is fused into the
         codec (each group is rotated on its way into the quantizer and back on its way out), so it
         costs two fast transforms per element and no pass or copy of its own (a zero-padded copy
-        where the tensor does not end on a whole group). CPU tensors only.
+        where the tensor does not end on a whole group). CPU and CUDA tensors.
     stochastic_rounding: round each code down after adding uniform noise, so the quantization
         error has mean zero over calls (for gradient traffic); still identical on every rank.
     tune: with algorithm ``auto``, the first allreduce of host tensors of each dtype and size

@@ -20,7 +20,8 @@ namespace qcomm {
 // elements of plan.dtype, on the device `ops` serves. Buffers are allocated before the first
 // exchange begins, and nothing after; from `scratch` when given (kept for the next call; the
 // caller calls its begin() first), else for this call. An error names the rank and the step that
-// failed. A rotated plan is the caller's to rotate first (the message is then fp32).
+// failed. A rotated plan's data holds the caller's values, padded by the caller with zeros to
+// whole groups (plan.numel); the codec rotates each group on its way in and out.
 void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data,
                   Scratch* scratch = nullptr);
 

@@ -84,7 +84,15 @@ int64_t runOverIpc(const Plan& plan, IpcTransport& ipc, int rank, at::Tensor& da
                    const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout,
                    bool eager) {
 #ifdef QCOMM_EXPERIMENTS
-  if (!ipc.separate()) return runFusedTwoStep(ipc, plan, data, stream.stream(), timeout, eager);
+  if (!ipc.separate()) {
+    // the fused kernel quantizes the message as it is: it has no rotated codec (every rank has
+    // the same plan and kernels, so every rank refuses, before any exchange)
+    TORCH_CHECK_VALUE(
+        !plan.rotate, rankPrefix(rank, plan.world),
+        "allreduce: rotate=True needs the separate CUDA-IPC kernels "
+        "(QCOMM_IPC_KERNELS=separate); the fused two_step experiment does not rotate");
+    return runFusedTwoStep(ipc, plan, data, stream.stream(), timeout, eager);
+  }
 #endif
   int64_t sent = 0;
   std::string cause;
@@ -227,9 +235,6 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
                                                            std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
   at::Tensor& t = tensors[0];
-  TORCH_CHECK_VALUE(!plan.rotate, prefix(),
-                    "allreduce: rotate=True is not supported for CUDA tensors yet (CPU only); "
-                    "set rotate=False for this group");
   const int device = t.device().index();
   c10::cuda::CUDAGuard guard(t.device());
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
@@ -246,6 +251,14 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   // with ranks as threads of one process the copy kernel's first launch (lazy loading) or an
   // allocation that synchronises the device would wait for that peer.
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  // A rotated message that ends inside a group runs on a copy padded with zeros to whole groups
+  // (as runQuantizedCpu's), made here for the same reason, and copied back into t at the end.
+  const bool padded = plan.numel != plan.userNumel;
+  if (padded) {
+    buf = at::empty({plan.numel}, t.options());
+    buf.narrow(0, 0, plan.userNumel).view(t.sizes()).copy_(t);
+    buf.narrow(0, plan.userNumel, plan.numel - plan.userNumel).zero_();
+  }
   C10dTransport control(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
   requireAgreement(
       agreeOnPlan(plan, control));  // host-side, over Gloo: nothing waits for the device
@@ -282,7 +295,11 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
     } else {
       wire = runOverNccl(plan, *nccl_, getRank(), buf, run, timeout);
     }
-    if (!buf.is_same(t)) t.copy_(buf);
+    if (padded) {
+      t.copy_(buf.narrow(0, 0, plan.userNumel).view(t.sizes()));
+    } else if (!buf.is_same(t)) {
+      t.copy_(buf);
+    }
   }
   auto done = std::make_shared<at::cuda::CUDAEvent>();
   done->record(run);

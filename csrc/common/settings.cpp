@@ -61,8 +61,7 @@ std::vector<Declaration> makeDeclarations() {
   integer("QCOMM_MICROSHARDS", S::kGroup, "4", 1, 64, false, "an integer from 1 to 64",
           "pieces per chunk on CPU, so transfers overlap the codec; never changes the result",
           "microshards");
-  boolean("QCOMM_ROTATE", S::kGroup, "0",
-          "Hadamard-rotate each group before quantizing (CPU tensors only)", "rotate");
+  boolean("QCOMM_ROTATE", S::kGroup, "0", "Hadamard-rotate each group before quantizing", "rotate");
   boolean("QCOMM_STOCHASTIC_ROUNDING", S::kGroup, "0",
           "round codes stochastically: errors of mean zero over calls", "stochastic_rounding");
   boolean("QCOMM_TUNE", S::kGroup, "1",

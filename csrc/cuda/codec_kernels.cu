@@ -7,6 +7,8 @@
 // launch choices (grid, encoder blocks per SM) are cuda/tuning.h's.
 #include <algorithm>
 #include <climits>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "cuda/codec_kernels.h"
@@ -326,6 +328,86 @@ __global__ void __launch_bounds__(kBlock, 2)
   }
 }
 
+// ---- the rotated codec (QuantConfig.rotate): whole groups, one warp per group ----
+//
+// Each warp loads a group into registers (warp_codec.cuh's lane layout), rotates it there and
+// quantizes it, or decodes it there and rotates it back: one pass over memory, as the CPU's
+// encodeRotatedGroup and decodeRotatedGroup do through a local buffer.
+
+// v = float(x[begin..begin + 32 per)) in the lane's registers.
+template <class T>
+__device__ __forceinline__ void loadGroupRegisters(const T* x, int64_t begin, int per,
+                                                   float (&v)[kMaxPerLane]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int j = 0; j < kMaxPerLane; ++j) {
+    v[j] = j < per ? toFloat(x[begin + j * kWarp + lane]) : 0.0f;
+  }
+}
+
+// The encoded block of H x per group (codec.h encodeRotatedGroup), n a multiple of the group.
+template <class T, int kBits, bool kSym>
+__global__ void __launch_bounds__(kBlock)
+    encodeRotatedKernel(const T* x, int64_t n, CodecSpec c, uint8_t* block, Noise noise) {
+  zeroPadding(block, n, c);
+  const int per = c.groupSize / kWarp;
+  const int64_t groups = n / c.groupSize;
+  for (int64_t g = globalWarp(); g < groups; g += warpsInGrid()) {
+    float v[kMaxPerLane];
+    loadGroupRegisters(x, g * c.groupSize, per, v);
+    warpHadamard(v, per);
+    encodeRegistersWarp<kBits, kSym>(v, per, block, n, c, g, noise);
+  }
+}
+
+// out = H x^ / g per group (codec.h decodeRotatedGroup).
+template <int kBits, bool kSym>
+__global__ void __launch_bounds__(kBlock)
+    decodeRotatedKernel(const uint8_t* block, int64_t n, CodecSpec c, float* out) {
+  const int lane = threadIdx.x % kWarp;
+  const int per = c.groupSize / kWarp;
+  const int64_t groups = n / c.groupSize;
+  const uint8_t* data = block + dataOffset(n, c);
+  const float inv = 1.0f / float(c.groupSize);  // a power of two: exact
+  for (int64_t g = globalWarp(); g < groups; g += warpsInGrid()) {
+    const int64_t begin = g * c.groupSize;
+    const GroupParams p = loadParams(block, n, c, g);
+    float v[kMaxPerLane];
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      v[j] = j < per ? dequantizeOne<kBits, kSym>(codeAt<kBits>(data, begin + j * kWarp + lane), p)
+                     : 0.0f;
+    }
+    warpHadamard(v, per);
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      if (j < per) out[begin + j * kWarp + lane] = v[j] * inv;
+    }
+  }
+}
+
+// out = R(H float(x)) per group, or with kInverse R(H float(x) / g): rotateToFloat (R = float;
+// out may be x, as each lane reads its elements before it writes them), the raw rotated encode
+// (R = the raw dtype) and the raw rotated decode (kInverse).
+template <class T, class R, bool kInverse>
+__global__ void __launch_bounds__(kBlock)
+    rotateKernel(const T* x, int64_t n, int groupSize, R* out) {
+  const int lane = threadIdx.x % kWarp;
+  const int per = groupSize / kWarp;
+  const int64_t groups = n / groupSize;
+  const float inv = 1.0f / float(groupSize);
+  for (int64_t g = globalWarp(); g < groups; g += warpsInGrid()) {
+    const int64_t begin = g * groupSize;
+    float v[kMaxPerLane];
+    loadGroupRegisters(x, begin, per, v);
+    warpHadamard(v, per);
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      if (j < per) out[begin + j * kWarp + lane] = fromFloat<R>(kInverse ? v[j] * inv : v[j]);
+    }
+  }
+}
+
 }  // namespace
 
 int balancedGrid(int64_t needed, int64_t cap) {
@@ -436,6 +518,38 @@ void launchHop(const uint8_t* src, const CodecSpec& in, const T* local, int64_t 
   });
 }
 
+// f(T{}) for the element type of `dtype` (fp32, fp16 or bf16).
+template <class F>
+void withElements(int32_t dtype, F&& f) {
+  switch (dtype) {
+    case kFloat32:
+      f(float{});
+      break;
+    case kFloat16:
+      f(fp16_t{});
+      break;
+    default:
+      f(bf16_t{});
+  }
+}
+
+// The rotated kernels hold a group in one warp's registers: whole groups of 32..1024 (a power of
+// two), as the plan pads them; anything else is a caller's bug, refused as the CPU's is.
+void requireRotatable(int64_t n, int groupSize, const char* what) {
+  if (groupSize < kWarp || groupSize > kMaxGroupSize || (groupSize & (groupSize - 1)) != 0 ||
+      n % groupSize != 0) {
+    throw std::invalid_argument(std::string("qcomm: ") + what + " of " + std::to_string(n) +
+                                " elements: rotated blocks hold whole groups of " +
+                                std::to_string(groupSize) + " (a power of two, 32 to 1024)");
+  }
+}
+
+// Blocks of kBlock / kWarp warps for one warp per group.
+int64_t groupBlocks(int64_t n, int groupSize) {
+  const int64_t warpsPerBlock = kBlock / kWarp;
+  return (n / groupSize + warpsPerBlock - 1) / warpsPerBlock;
+}
+
 }  // namespace
 
 cudaError_t encode(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
@@ -488,6 +602,64 @@ cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out
   return cudaGetLastError();
 }
 
+cudaError_t encodeRotated(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
+                          const Noise& noise, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  requireRotatable(n, c.groupSize, "rotated encode");
+  const int64_t blocks = groupBlocks(n, c.groupSize);
+  const bool full = otherFullGrid(n);
+  withElements(dtype, [&](auto t) {
+    using T = decltype(t);
+    const T* xt = static_cast<const T*>(x);
+    if (c.bits == 0) {  // raw: the rotated values in c.rawDtype
+      withElements(c.rawDtype, [&](auto r) {
+        using R = decltype(r);
+        launch<rotateKernel<T, R, false>>(blocks, full, stream, xt, n, c.groupSize,
+                                          reinterpret_cast<R*>(dst));
+      });
+      return;
+    }
+    withCodec(c, [&](auto k) {
+      using K = decltype(k);
+      launch<encodeRotatedKernel<T, K::bits, K::sym>>(blocks, full, stream, xt, n, c, dst, noise);
+    });
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t decodeRotated(const uint8_t* src, int64_t n, const CodecSpec& c, float* out,
+                          cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  requireRotatable(n, c.groupSize, "rotated decode");
+  const int64_t blocks = groupBlocks(n, c.groupSize);
+  const bool full = otherFullGrid(n);
+  if (c.bits == 0) {
+    withElements(c.rawDtype, [&](auto r) {
+      using R = decltype(r);
+      launch<rotateKernel<R, float, true>>(blocks, full, stream, reinterpret_cast<const R*>(src), n,
+                                           c.groupSize, out);
+    });
+    return cudaGetLastError();
+  }
+  withCodec(c, [&](auto k) {
+    using K = decltype(k);
+    launch<decodeRotatedKernel<K::bits, K::sym>>(blocks, full, stream, src, n, c, out);
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t rotateToFloat(const void* x, int32_t dtype, int64_t n, int groupSize, float* out,
+                          cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  requireRotatable(n, groupSize, "rotation");
+  withElements(dtype, [&](auto t) {
+    using T = decltype(t);
+    launch<rotateKernel<T, float, false>>(groupBlocks(n, groupSize), otherFullGrid(n), stream,
+                                          static_cast<const T*>(x), n, groupSize, out);
+  });
+  return cudaGetLastError();
+}
+
 cudaError_t codecPreload() {
 #if defined(QCOMM_SIMT)
   return cudaSuccess;
@@ -511,10 +683,12 @@ cudaError_t codecPreload() {
     using K = decltype(k);
     load(decodeKernel<K::bits, K::sym>);
     load(decodeSumKernel<K::bits, K::sym>);
+    load(decodeRotatedKernel<K::bits, K::sym>);
     eachType([&](auto t) {
       using T = std::remove_pointer_t<decltype(t)>;
       load(encodeKernel<T, K::bits, K::sym, 3>);
       load(encodeKernel<T, K::bits, K::sym, 4>);
+      load(encodeRotatedKernel<T, K::bits, K::sym>);
       eachCodec([&](auto o) {
         using O = decltype(o);
         load(hopKernel<T, K::bits, K::sym, O::bits, O::sym>);
@@ -527,6 +701,10 @@ cudaError_t codecPreload() {
     load(castKernel<T, fp16_t>);
     load(castKernel<T, bf16_t>);
     load(rawToFloatKernel<T>);
+    load(rotateKernel<T, float, false>);
+    load(rotateKernel<T, fp16_t, false>);
+    load(rotateKernel<T, bf16_t, false>);
+    load(rotateKernel<T, float, true>);
   });
   load(divideKernel);
   return e;

@@ -47,6 +47,19 @@ cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void*
                             int32_t localDtype, int64_t n, float* partial, const CodecSpec& out,
                             uint8_t* dst, const Noise& noise, cudaStream_t stream);
 
+// The rotated codec (QuantConfig.rotate; codec.h hadamardGroup), one warp per group with the
+// group in its registers: n a multiple of the group size, which is a power of two from 32 to 1024
+// (else std::invalid_argument). The same bits as the CPU's encodeRotatedBlock,
+// decodeRotatedBlock and rotateToFloat (codec_cpu.h). encodeRotated: the encoded block of H x
+// per group (c.bits == 0: H x stored in c.rawDtype); decodeRotated: out = H x^ / g per group;
+// rotateToFloat: out = H float(x) per group of groupSize (out may be x, for fp32 x).
+cudaError_t encodeRotated(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, uint8_t* dst,
+                          const Noise& noise, cudaStream_t stream);
+cudaError_t decodeRotated(const uint8_t* src, int64_t n, const CodecSpec& c, float* out,
+                          cudaStream_t stream);
+cudaError_t rotateToFloat(const void* x, int32_t dtype, int64_t n, int groupSize, float* out,
+                          cudaStream_t stream);
+
 // The grid of a grid-stride codec kernel whose work is `needed` blocks when at most `cap` are
 // resident: ceil(needed / turns) with turns = ceil(needed / cap), the fewest blocks that finish
 // in as many turns as the whole chip would, so every block takes `turns` or `turns - 1` (at least

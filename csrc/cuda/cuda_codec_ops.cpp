@@ -41,6 +41,16 @@ class CudaCodecOps final : public CodecOps {
     for (int k = 0; k < count; ++k) srcs.push_back(src(k));
     check(gpu::decodeSum(srcs.data(), count, n, spec, out, stream_), "decode-sum");
   }
+  void encodeRotated(const void* x, int32_t dtype, int64_t n, const CodecSpec& spec, uint8_t* dst,
+                     const Noise& noise) override {
+    check(gpu::encodeRotated(x, dtype, n, spec, dst, noise, stream_), "rotated encode");
+  }
+  void decodeRotated(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out) override {
+    check(gpu::decodeRotated(src, n, spec, out, stream_), "rotated decode");
+  }
+  void rotateToFloat(const void* x, int32_t dtype, int64_t n, int groupSize, float* out) override {
+    check(gpu::rotateToFloat(x, dtype, n, groupSize, out, stream_), "rotation");
+  }
   void addToFloat(const void* x, int32_t dtype, int64_t n, float* acc) override {
     decode(static_cast<const uint8_t*>(x), n, rawSpec(dtype), acc, true);
   }

@@ -113,6 +113,119 @@ __device__ __forceinline__ void encodeGroupWarp(uint8_t* block, int64_t n, const
   warpQuantize<kBits, kSym>(p, g * c.groupSize, len, block + dataOffset(n, c), noise, value);
 }
 
+// ---- the rotated codec (codec.h hadamardGroup): one warp per group, the group in registers ----
+//
+// Lane l holds elements l, l + 32, ..., l + 32 (per - 1) of its group in v[0..per), per =
+// groupSize / 32 (1 to kMaxPerLane): loads and stores are coalesced, stages h = 1..16 pair lanes
+// l and l ^ h (a shuffle), and stages 32.. pair registers j and j + h / 32 of one lane. The
+// stages run in codec.h's order and every pair computes (a + b, a - b) with a the lower element,
+// so the bits are the CPU's whatever order the pairs of one stage take.
+constexpr int kMaxPerLane = kMaxGroupSize / kWarp;
+
+// v = H v over the warp's group. per is a run-time value, the same in every lane (so the
+// shuffles are reached by all 32); the loops are unrolled over kMaxPerLane so that every index
+// into v is a constant (a dynamic one would move v to local memory).
+__device__ __forceinline__ void warpHadamard(float (&v)[kMaxPerLane], int per) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int h = 1; h < kWarp; h *= 2) {
+    const bool upper = (lane & h) != 0;
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      if (j < per) {
+        const float other = __shfl_xor_sync(0xffffffffu, v[j], h);
+        v[j] = upper ? other - v[j] : v[j] + other;
+      }
+    }
+  }
+#pragma unroll
+  for (int s = 1; s < kMaxPerLane; s *= 2) {
+    if (s < per) {
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; ++j) {
+        if ((j & s) == 0 && j + s < per) {
+          const float a = v[j];
+          const float b = v[j + s];
+          v[j] = a + b;
+          v[j + s] = a - b;
+        }
+      }
+    }
+  }
+}
+
+// The parameters of a group held as above; every lane gets them. min, max and the non-finite
+// flag do not depend on the order of the reduction (codec.h groupParams).
+template <bool kSym>
+__device__ GroupParams warpRegisterParams(const float (&v)[kMaxPerLane], int per, int bits) {
+  int bad = 0;
+  if (kSym) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      if (j < per) {
+        bad |= nonFinite(v[j]);
+        const float a = bitsFloat(floatBits(v[j]) & 0x7fffffffu);
+        amax = a > amax ? a : amax;
+      }
+    }
+    return paramsFromAbsmax(warpMax(amax), warpOr(bad), bits);
+  }
+  float lo = v[0], hi = v[0];
+#pragma unroll
+  for (int j = 0; j < kMaxPerLane; ++j) {
+    if (j < per) {
+      bad |= nonFinite(v[j]);
+      lo = v[j] < lo ? v[j] : lo;
+      hi = v[j] > hi ? v[j] : hi;
+    }
+  }
+  return paramsFromMinMax(warpMin(lo), warpMax(hi), warpOr(bad), bits);
+}
+
+// Encode group g (beginning at element `begin` of the n-element block) from its values held as
+// above, as codec.h encodeGroupValues does: the same parameters and codes (the division-free
+// quantizer where it gives the same codes, as warpQuantize).
+template <int kBits, bool kSym>
+__device__ void encodeRegistersWarp(const float (&v)[kMaxPerLane], int per, uint8_t* block,
+                                    int64_t n, const CodecSpec& c, int64_t g, const Noise& noise) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t begin = g * c.groupSize;
+  const GroupParams p = warpRegisterParams<kSym>(v, per, kBits);
+  if (lane == 0) storeParams(block, n, c, g, p);
+  uint8_t* data = block + dataOffset(n, c);
+  const bool finite = paramsFinite(p);
+  const bool constant = finite && p.scale == 0.0f;
+  const bool fast = finite && !noise.on && fastScaleRange(p.scale);
+  const float rcp = fast ? 1.0f / p.scale : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxPerLane; ++j) {
+    if (j < per) {
+      const int64_t k = int64_t(j) * kWarp + lane;
+      uint32_t q;
+      if (fast) {
+        q = quantizeWithReciprocal<kBits, kSym>(v[j], p, rcp);
+      } else if (!finite) {
+        q = 0u;
+      } else if (constant) {
+        q = zeroScaleCode<kBits, kSym>();
+      } else if (noise.on) {
+        q = quantizeStochastic<kBits, kSym>(v[j], p, noiseAt(noise, begin + k));
+      } else {
+        q = quantizeScaled<kBits, kSym>(v[j], p);
+      }
+      if (kBits == 8) {
+        data[begin + k] = uint8_t(q);
+      } else {
+        // elements 2i and 2i + 1 sit in lanes 2i and 2i + 1 of one register: the even lane
+        // stores the byte (groupSize >= 32, so a group starts on a byte boundary)
+        const uint32_t high = __shfl_xor_sync(0xffffffffu, q, 1);
+        if ((lane & 1) == 0) data[(begin + k) / 2] = uint8_t(q | (high << 4));
+      }
+    }
+  }
+}
+
 // A quantized codec's compile-time variant.
 template <int kBits, bool kSym>
 struct Codec {

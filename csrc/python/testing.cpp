@@ -185,19 +185,28 @@ at::Tensor collectiveAllreduce(QncclBackend& be, at::Tensor t, bool avg, bool fo
     plan = be.planFor(t, c10d::ReduceOp(avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM));
   }
   TORCH_CHECK_VALUE(plan.quantize, where, "this allreduce would pass through (", plan.reason, ")");
-  TORCH_CHECK_VALUE(!plan.rotate, rankPrefix(be.getRank(), be.getSize()),
-                    "allreduce: rotate=True is not supported by the collective (NCCL) path yet; "
-                    "set QuantConfig(rotate=False) for this group");
   plan.callSeq = callSeq >= 0 ? uint32_t(callSeq) : be.nextCallSeq();
   c10::intrusive_ptr<c10d::Backend> inner = be.inner(t.is_cuda());
   TORCH_CHECK_VALUE(inner, where, "the group has no inner backend for ", t.device());
   const c10::DeviceGuard guard(t.device());
   at::Tensor buf = t.contiguous();
+  // a rotated message that ends inside a group: a copy padded with zeros to whole groups, as the
+  // backend makes one (on the current stream, for a CUDA tensor)
+  const bool padded = plan.numel != plan.userNumel;
+  if (padded) {
+    buf = at::empty({plan.numel}, t.options());
+    buf.narrow(0, 0, plan.userNumel).view(t.sizes()).copy_(t);
+    buf.narrow(0, plan.userNumel, plan.numel - plan.userNumel).zero_();
+  }
   std::unique_ptr<CodecOps> ops = codecOpsFor(t.device());
   C10dTransport transport(inner.get(), be.getRank(), plan.world, timeout,
                           C10dTransport::kCollectives, t.is_cuda());
   runAllreduce(plan, transport, *ops, buf);
-  if (!buf.is_same(t)) t.copy_(buf);
+  if (padded) {
+    t.copy_(buf.narrow(0, 0, plan.userNumel).view(t.sizes()));
+  } else if (!buf.is_same(t)) {
+    t.copy_(buf);
+  }
   return t;
 }
 
@@ -259,7 +268,8 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
                                            bool average, uint32_t callSeq, int64_t timeoutMs,
                                            std::vector<int> ranks) {
   const int world = int(inputs.size());
-  const Plan plan = emulatedPlan("ipc_separate_emulate", inputs, buffers, cfg, average, callSeq);
+  const Plan plan =
+      emulatedPlan("ipc_separate_emulate", inputs, buffers, cfg, average, callSeq, true);
   std::string why;
   const IpcExchangeGeometry g = ipcExchangeGeometry(world, buffers[0].numel(), &why);
   TORCH_CHECK_VALUE(why.empty(), "ipc_separate_emulate: ", why);
@@ -270,6 +280,16 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
   std::vector<uint8_t*> bufferPtrs;
   for (auto& b : buffers) bufferPtrs.push_back(b.data_ptr<uint8_t>());
   std::vector<std::string> failed(ranks.size());
+  // a rotated message that ends inside a group runs on copies padded with zeros to whole groups
+  // (as the backend's), made before the calls begin and copied back after
+  std::vector<at::Tensor> data = inputs;
+  const bool padded = plan.numel != plan.userNumel;
+  if (padded) {
+    for (int r : ranks) {
+      data[size_t(r)] = at::zeros({plan.numel}, inputs[size_t(r)].options());
+      data[size_t(r)].narrow(0, 0, plan.userNumel).copy_(inputs[size_t(r)].reshape({-1}));
+    }
+  }
   {
     py::gil_scoped_release noGil;
     const CountCpuAllocations counting;
@@ -289,7 +309,7 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
           IpcExchangeTransport<CountingHostCopies> t(copies, g, bufferPtrs.data(), r, world);
           CpuCodecOps ops;
           const int64_t before = tlCpuAllocations;
-          runAllreduce(plan, t, ops, inputs[r]);
+          runAllreduce(plan, t, ops, data[size_t(r)]);
           const int64_t first = t.executor().atFirstBarrier;
           const int64_t late = first < 0 ? 0 : tlCpuAllocations - first;
           TORCH_CHECK(first >= before, "no exchange began");
@@ -304,6 +324,11 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
   }
   TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error));
   for (const std::string& f : failed) TORCH_CHECK(f.empty(), f);
+  if (padded) {
+    for (int r : ranks) {
+      inputs[size_t(r)].view({-1}).copy_(data[size_t(r)].narrow(0, 0, plan.userNumel));
+    }
+  }
   return inputs;
 }
 

@@ -143,27 +143,58 @@ def _world1_worker(rank, world):
     return problems
 
 
-def _refusals_worker(rank, world):
-    """Rotation is refused on this path, with a message naming it; the group stays usable."""
+def test_world1_forced_plan():
+    problems = run_ranks(_world1_worker, 1)
+    flat = [p for ps in problems for p in ps]
+    assert not flat, "\n".join(flat[:30])
+
+
+ROTATED_BITS = [(8, 8), (4, 4), (4, 8), (None, 8), (8, None)]
+
+
+def _rotated_worker(rank, world):
+    """rotate=True on this path (the schedules rotate through CodecOps): every algorithm, fp32 and
+    bf16, numels that end inside a group (the hook pads a copy with zeros to whole groups) and
+    one that does not, bit for bit against dist.all_reduce (the CPU path) and the reference."""
     problems = []
-    qcomm.set_config(qcomm.QuantConfig(min_bytes=0, rotate=True))
-    try:
-        _C._testing.collective_allreduce_for_test(qcomm.backend_of(), torch.ones(300), False)
-        problems.append("rotate=True ran")
-    except ValueError as e:
-        if "rotate" not in str(e) or f"[qcomm rank {rank}/{world}]" not in str(e):
-            problems.append(f"unclear refusal: {e}")
+    be = qcomm.backend_of()
+    cases = itertools.product(ALGOS, [torch.float32, torch.bfloat16], [1000, 7, 4096])
+    for i, (algo, dtype, numel) in enumerate(cases):
+        rs, ag = ROTATED_BITS[i % len(ROTATED_BITS)]
+        avg, sr = MODES[i % len(MODES)]
+        name = f"rotated {algo} rs={rs} ag={ag} {dtype} n={numel} avg={avg} sr={sr} W={world}"
+        qcomm.set_config(
+            qcomm.QuantConfig(
+                algorithm=algo,
+                rs_bits=rs,
+                ag_bits=ag,
+                min_bytes=0,
+                microshards=3,
+                rotate=True,
+                stochastic_rounding=sr,
+            )
+        )
+        xs = _inputs(world, numel, dtype, 500 + i)
+        seq = qcomm.stats()["next_call_seq"]
+        y = _C._testing.collective_allreduce_for_test(be, xs[rank].clone(), avg)
+        x = xs[rank].clone()
+        dist.all_reduce(x, op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM)
+        if not _same(y, x):
+            problems.append(f"{name}: differs from the CPU path (dist.all_reduce)")
+        r = ref.allreduce(
+            xs, algo, rs, ag, average=avg, rotate=True, stochastic_seq=seq if sr else None
+        )
+        if not _same(y, r.out):
+            problems.append(f"{name}: differs from qcomm/reference.py")
     qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
-    y = _C._testing.collective_allreduce_for_test(qcomm.backend_of(), torch.ones(300), False)
-    if not torch.equal(y, torch.full((300,), float(world))):
-        problems.append("the group is not usable after a refusal")
     return problems
 
 
-def test_world1_forced_plan_and_refusals():
-    problems = run_ranks(_world1_worker, 1) + run_ranks(_refusals_worker, 2)
+@pytest.mark.parametrize("world", [2, 3])
+def test_rotated_matches_cpu_path_and_reference(world):
+    problems = run_ranks(_rotated_worker, world, timeout=300)
     flat = [p for ps in problems for p in ps]
-    assert not flat, "\n".join(flat[:30])
+    assert not flat, f"{len(flat)} problems:\n" + "\n".join(flat[:30])
 
 
 HOP_BITS = [(8, 8), (4, 4), (4, 8), (8, 4), (0, 8), (8, 0), (0, 0)]

@@ -16,6 +16,7 @@ import torch
 from ipc_cases import EMULATED_CASES, emulated_matrix, inputs, two_step
 
 import qcomm
+from qcomm import reference as ref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -58,6 +59,41 @@ def test_ipc_separate_kernels_emulated_match_the_reference(world):
     # (more than 3 per call on average: some exchanges took several rounds)
     counts = [b[160:164].view(torch.int32).item() for b in bufs]
     assert len(set(counts)) == 1 and counts[0] > 3 * len(EMULATED_CASES), counts
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ipc_separate_kernels_emulated_rotate_as_the_reference(world):
+    # rotate=True: the schedule rotates through CodecOps (the CPU codec standing in for the CUDA
+    # kernels' rotated codec, bit-identical to it under the SIMT emulator); numels that end inside
+    # a group run on copies padded with zeros to whole groups, as the backend's
+    bufs = [torch.zeros(300 << 10, dtype=torch.uint8) for _ in range(world)]
+    problems = []
+    cases = [
+        (8, 8, torch.float32, 1000, False, False),
+        (4, 4, torch.bfloat16, 65539, True, False),
+        (4, 8, torch.float32, 4096, False, True),
+        (None, 8, torch.bfloat16, 7, False, False),
+        (8, None, torch.float32, 300, True, True),
+    ]
+    for i, (rs, ag, dtype, n, avg, sr) in enumerate(cases):
+        cfg = qcomm.QuantConfig(
+            algorithm="two_step",
+            rs_bits=rs,
+            ag_bits=ag,
+            min_bytes=0,
+            rotate=True,
+            stochastic_rounding=sr,
+        )
+        xs = inputs(world, n, dtype, 70 + i)
+        outs = [x.clone() for x in xs]
+        qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.as_tuple(), avg, i)
+        want = ref.allreduce(
+            xs, "two_step", rs, ag, average=avg, rotate=True, stochastic_seq=i if sr else None
+        ).out
+        for r, y in enumerate(outs):
+            if not torch.equal(y.view(torch.uint8), want.view(torch.uint8)):
+                problems.append(f"rotated {rs}/{ag} {dtype} n={n} avg={avg} sr={sr}: rank {r}")
+    assert not problems, "\n".join(problems)
 
 
 def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging():

@@ -10,6 +10,7 @@
 // and the byte.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -209,6 +210,72 @@ void checkHop(int32_t dtype, const CodecSpec& in, const CodecSpec& outSpec, int6
   sameBytes(name + " bytes", dstCpu.data(), dstEmu.data(), dstCpu.size());
 }
 
+// The rotated codec (gpu::encodeRotated, decodeRotated, rotateToFloat: one warp per group, the
+// Hadamard rotation in its registers) against the CPU's encodeRotatedBlock, decodeRotatedBlock
+// and rotateToFloat, bit for bit: wire bytes (raw phases: H x in c.rawDtype), the decoded and
+// rotated-back values of the CPU's bytes, and H float(x) (fp32 also in place). n is a multiple of
+// the group size. variant 2: every element zero (constant groups after rotation, whatever the
+// group size; variant 1's zeros cover groups up to 256).
+void checkRotated(int32_t dtype, const CodecSpec& c, int64_t n, bool withNoise, int variant,
+                  std::mt19937& gen) {
+  ++cases;
+  const std::string name = describe("rotated encode", dtype, c, n, 0, withNoise);
+  std::vector<float> v = values(n, gen, variant == 2 ? 0 : variant);
+  if (variant == 2) std::fill(v.begin(), v.end(), 0.0f);
+  const std::vector<uint8_t> x = asDtype(v, dtype, 0);
+  const Noise noise{noiseSalt(uint32_t(n), 3, 1), 8192, withNoise ? 1 : 0};
+  const size_t bytes = size_t(encodedBytes(n, c));
+  std::vector<uint8_t> cpu(bytes + 1, 0xcd), emu(bytes + 1, 0xcd);
+  encodeRotatedBlock(x.data(), dtype, n, c, cpu.data(), noise);
+  if (gpu::encodeRotated(x.data(), dtype, n, c, emu.data(), noise, nullptr) != cudaSuccess) {
+    std::fprintf(stderr, "FAIL %s: launch error\n", name.c_str());
+    ++failures;
+    return;
+  }
+  if (!sameBytes(name, cpu.data(), emu.data(), bytes + 1)) return;
+
+  const std::string dname = describe("rotated decode", dtype, c, n, 0, withNoise);
+  std::vector<float> a(size_t(n) + 1, 7.0f), b(size_t(n) + 1, 7.0f);
+  decodeRotatedBlock(cpu.data(), n, c, a.data());
+  if (gpu::decodeRotated(cpu.data(), n, c, b.data(), nullptr) != cudaSuccess) {
+    std::fprintf(stderr, "FAIL %s: launch error\n", dname.c_str());
+    ++failures;
+    return;
+  }
+  sameBytes(dname, reinterpret_cast<const uint8_t*>(a.data()),
+            reinterpret_cast<const uint8_t*>(b.data()), (size_t(n) + 1) * 4);
+}
+
+void checkRotateToFloat(int32_t dtype, int groupSize, int64_t n, int variant, std::mt19937& gen) {
+  ++cases;
+  const CodecSpec shown{0, groupSize, 0, kFloat32};
+  const std::string name = describe("rotate-to-float", dtype, shown, n, 0, false);
+  const std::vector<float> v = values(n, gen, variant);
+  const std::vector<uint8_t> x = asDtype(v, dtype, 0);
+  std::vector<float> want(size_t(n) + 1, 7.0f), got(size_t(n) + 1, 7.0f);
+  rotateToFloat(x.data(), dtype, n, groupSize, want.data());
+  if (gpu::rotateToFloat(x.data(), dtype, n, groupSize, got.data(), nullptr) != cudaSuccess) {
+    std::fprintf(stderr, "FAIL %s: launch error\n", name.c_str());
+    ++failures;
+    return;
+  }
+  if (!sameBytes(name, reinterpret_cast<const uint8_t*>(want.data()),
+                 reinterpret_cast<const uint8_t*>(got.data()), (size_t(n) + 1) * 4)) {
+    return;
+  }
+  if (dtype != kFloat32) return;
+  ++cases;  // in place, as a ring hop rotates an fp32 local piece into its own sum
+  std::vector<float> inPlace(v);
+  if (gpu::rotateToFloat(inPlace.data(), kFloat32, n, groupSize, inPlace.data(), nullptr) !=
+      cudaSuccess) {
+    std::fprintf(stderr, "FAIL %s in place: launch error\n", name.c_str());
+    ++failures;
+    return;
+  }
+  sameBytes(name + " in place", reinterpret_cast<const uint8_t*>(want.data()),
+            reinterpret_cast<const uint8_t*>(inPlace.data()), size_t(n) * 4);
+}
+
 // The codec launch settings (nullptr: unset), then settings::reload(), as the process-scoped
 // settings are read once and kept.
 void setLaunchSettings(const char* fullGrid, const char* encodeBlocks) {
@@ -401,6 +468,79 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("encode/decode: %lld cases, %d differences\n", (long long)(cases - before), failures);
+
+  // the rotated codec: every bit width (raw phases in each raw dtype), symmetry, input dtype and
+  // stochastic rounding, groups of 32, 128 and 1024 (one register per lane, four, 32: stages all
+  // across lanes, mixed, all in registers), special values, zeros, and several turns of the grid
+  before = cases;
+  const int failuresBeforeRotated = failures;
+  for (int32_t dtype : dtypes) {
+    for (int g : {32, 128, 1024}) {
+      for (int bits : {4, 8}) {
+        for (int sym : {1, 0}) {
+          for (int nz = 0; nz < 2; ++nz) {
+            const CodecSpec c{bits, g, sym, kFloat32};
+            checkRotated(dtype, c, 4096, nz != 0, 1, gen);
+            if (quick) continue;
+            checkRotated(dtype, c, 3 * int64_t(g), nz != 0, 0, gen);
+            checkRotated(dtype, c, 2048, nz != 0, 2, gen);
+          }
+        }
+      }
+      for (int32_t raw : dtypes) {
+        checkRotated(dtype, CodecSpec{0, g, 1, raw}, 4096, false, 1, gen);
+        if (!quick) checkRotated(dtype, CodecSpec{0, g, 1, raw}, 3 * int64_t(g), false, 0, gen);
+      }
+      checkRotateToFloat(dtype, g, 4096, 1, gen);
+      if (!quick) checkRotateToFloat(dtype, g, 5 * int64_t(g), 0, gen);
+    }
+    // 41 groups of 1024 and 164 of 256: warps take several groups each (the emulator's chip
+    // holds 2 blocks of 8 warps)
+    checkRotated(dtype, CodecSpec{8, 1024, 0, kFloat32}, 41 * 1024, false, 1, gen);
+    if (!quick) checkRotated(dtype, CodecSpec{4, 256, 1, kFloat32}, 41 * 1024, true, 1, gen);
+  }
+  // what the rotated kernels refuse: a partial group, a group size outside 32..1024 or not a power
+  // of two (std::invalid_argument, as the CPU's partial groups; nothing written)
+  int rotatedRefusals = 0;
+  {
+    std::vector<float> x(4096, 1.0f), out(4096, 0.0f);
+    std::vector<uint8_t> dst(size_t(encodedBytes(4096, CodecSpec{8, 16, 1, kFloat32})), 0);
+    auto refusedRotation = [&](const char* what, auto call) {
+      ++cases;
+      try {
+        call();
+      } catch (const std::invalid_argument& e) {
+        if (std::string(e.what()).find("whole groups") != std::string::npos) {
+          ++rotatedRefusals;
+          return;
+        }
+      }
+      ++failures;
+      std::fprintf(stderr, "FAIL rotated %s: not refused\n", what);
+    };
+    const Noise none{0, 0, 0};
+    refusedRotation("encode of a partial group", [&] {
+      (void)gpu::encodeRotated(x.data(), kFloat32, 4000, CodecSpec{8, 128, 1, kFloat32}, dst.data(),
+                               none, nullptr);
+    });
+    refusedRotation("encode with groups of 16", [&] {
+      (void)gpu::encodeRotated(x.data(), kFloat32, 4096, CodecSpec{8, 16, 1, kFloat32}, dst.data(),
+                               none, nullptr);
+    });
+    refusedRotation("encode with groups of 2048", [&] {
+      (void)gpu::encodeRotated(x.data(), kFloat32, 4096, CodecSpec{8, 2048, 1, kFloat32},
+                               dst.data(), none, nullptr);
+    });
+    refusedRotation("decode of a partial group", [&] {
+      (void)gpu::decodeRotated(dst.data(), 4000, CodecSpec{4, 128, 0, kFloat32}, out.data(),
+                               nullptr);
+    });
+    refusedRotation("rotation with groups of 96", [&] {
+      (void)gpu::rotateToFloat(x.data(), kFloat32, 96 * 8, 96, out.data(), nullptr);
+    });
+  }
+  std::printf("rotated codec: %lld cases, %d differences, %d of 5 bad shapes refused\n",
+              (long long)(cases - before), failures - failuresBeforeRotated, rotatedRefusals);
 
   // the same multi-turn messages in the launch variants that the settings force:
   // QCOMM_CUDA_ENCODE_BLOCKS=4 and 3 (every encoder compiled for 4 or 3 blocks per SM; by default
