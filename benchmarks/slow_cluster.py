@@ -140,13 +140,16 @@ def worker(args) -> int:
         isas = args.isas.split(",") if args.isas else [qcomm._C.cpu_isa()]
         rotations = {"off": [False], "on": [True], "both": [False, True]}[args.rotate]
         configs = []
-        for algo, bits, isa, rot in itertools.product(
-            args.algorithms.split(","), args.bits.split(","), isas, rotations
+        shadows = [0, args.shadow] if args.shadow else [0]
+        for algo, bits, isa, rot, shadow in itertools.product(
+            args.algorithms.split(","), args.bits.split(","), isas, rotations, shadows
         ):
             rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
             what = f"{algo} [{isa}]" if args.isas else algo
             if args.rotate == "both":
                 what += " rotated" if rot else ""
+            if shadow:
+                what += f" shadow={shadow}"
             cfg = qcomm.QuantConfig(
                 algorithm=algo,
                 rs_bits=rs,
@@ -155,6 +158,7 @@ def worker(args) -> int:
                 microshards=args.microshards,
                 rotate=rot,
                 tune=False,
+                shadow=shadow,
             )
             configs.append((what, bits, isa, cfg))
 
@@ -337,6 +341,12 @@ def main() -> int:
         default="off",
         choices=("off", "on", "both"),
         help="QuantConfig(rotate=...): off, on (--rotate alone), or both, side by side",
+    )
+    ap.add_argument(
+        "--shadow",
+        type=int,
+        default=0,
+        help="also time every config with QuantConfig(shadow=N), side by side (0: not)",
     )
     ap.add_argument(
         "--interleave",
