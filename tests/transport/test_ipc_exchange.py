@@ -76,14 +76,7 @@ def test_ipc_separate_kernels_emulated_rotate_as_the_reference(world):
         (8, None, torch.float32, 300, True, True),
     ]
     for i, (rs, ag, dtype, n, avg, sr) in enumerate(cases):
-        cfg = qcomm.QuantConfig(
-            algorithm="two_step",
-            rs_bits=rs,
-            ag_bits=ag,
-            min_bytes=0,
-            rotate=True,
-            stochastic_rounding=sr,
-        )
+        cfg = two_step(rs, ag, stochastic=sr).replace(rotate=True)
         xs = inputs(world, n, dtype, 70 + i)
         outs = [x.clone() for x in xs]
         qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.as_tuple(), avg, i)
