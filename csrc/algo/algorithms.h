@@ -25,4 +25,14 @@ namespace qcomm {
 void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data,
                   Scratch* scratch = nullptr);
 
+// Whether the plan runs on a copy of the caller's tensor padded to whole groups (a rotated
+// message that ends inside a group).
+inline bool needsPadding(const Plan& plan) { return plan.numel != plan.userNumel; }
+// That copy: t's plan.userNumel elements (any layout), then zeros up to plan.numel; in `storage`
+// (plan.numel elements of t's dtype, on t's device) when given, else newly allocated. On t's
+// current stream for a CUDA tensor.
+at::Tensor paddedCopy(const Plan& plan, const at::Tensor& t, at::Tensor storage = {});
+// Copies the caller's elements of such a copy back into t.
+void copyUnpadded(const Plan& plan, const at::Tensor& padded, at::Tensor& t);
+
 }  // namespace qcomm

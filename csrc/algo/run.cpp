@@ -51,4 +51,17 @@ void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& dat
   }
 }
 
+at::Tensor paddedCopy(const Plan& plan, const at::Tensor& t, at::Tensor storage) {
+  TORCH_CHECK_VALUE(t.numel() == plan.userNumel, "paddedCopy: a tensor of ", t.numel(),
+                    " elements for a plan of ", plan.userNumel);
+  at::Tensor out = storage.defined() ? storage : at::empty({plan.numel}, t.options());
+  out.narrow(0, 0, plan.userNumel).view(t.sizes()).copy_(t);
+  out.narrow(0, plan.userNumel, plan.numel - plan.userNumel).zero_();
+  return out;
+}
+
+void copyUnpadded(const Plan& plan, const at::Tensor& padded, at::Tensor& t) {
+  t.copy_(padded.narrow(0, 0, plan.userNumel).view(t.sizes()));
+}
+
 }  // namespace qcomm

@@ -534,15 +534,14 @@ std::string QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
   }
   const double shadowSeconds = std::chrono::duration<double>(Clock::now() - shadowStart).count();
   scratch_.begin();
-  if (plan.numel != plan.userNumel) {
+  if (needsPadding(plan)) {
     // a rotated message ends inside a group: the algorithm runs on a copy padded with zeros to
     // whole groups, and the caller's elements are copied back
-    const int64_t width = buf.element_size();
-    at::Tensor padded = scratch_.take(plan.numel * width, buf.options()).view(buf.scalar_type());
-    padded.narrow(0, 0, plan.userNumel).copy_(buf.reshape({-1}));
-    padded.narrow(0, plan.userNumel, plan.numel - plan.userNumel).zero_();
+    at::Tensor storage =
+        scratch_.take(plan.numel * buf.element_size(), buf.options()).view(buf.scalar_type());
+    at::Tensor padded = paddedCopy(plan, buf, storage);
     runAllreduce(plan, transport, ops, padded, &scratch_);
-    buf.view({-1}).copy_(padded.narrow(0, 0, plan.userNumel));
+    copyUnpadded(plan, padded, buf);
   } else {
     runAllreduce(plan, transport, ops, buf, &scratch_);
   }

@@ -253,12 +253,8 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   // A rotated message that ends inside a group runs on a copy padded with zeros to whole groups
   // (as runQuantizedCpu's), made here for the same reason, and copied back into t at the end.
-  const bool padded = plan.numel != plan.userNumel;
-  if (padded) {
-    buf = at::empty({plan.numel}, t.options());
-    buf.narrow(0, 0, plan.userNumel).view(t.sizes()).copy_(t);
-    buf.narrow(0, plan.userNumel, plan.numel - plan.userNumel).zero_();
-  }
+  const bool padded = needsPadding(plan);
+  if (padded) buf = paddedCopy(plan, t);
   C10dTransport control(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
   requireAgreement(
       agreeOnPlan(plan, control));  // host-side, over Gloo: nothing waits for the device
@@ -296,7 +292,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
       wire = runOverNccl(plan, *nccl_, getRank(), buf, run, timeout);
     }
     if (padded) {
-      t.copy_(buf.narrow(0, 0, plan.userNumel).view(t.sizes()));
+      copyUnpadded(plan, buf, t);
     } else if (!buf.is_same(t)) {
       t.copy_(buf);
     }

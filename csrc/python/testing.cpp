@@ -192,18 +192,14 @@ at::Tensor collectiveAllreduce(QncclBackend& be, at::Tensor t, bool avg, bool fo
   at::Tensor buf = t.contiguous();
   // a rotated message that ends inside a group: a copy padded with zeros to whole groups, as the
   // backend makes one (on the current stream, for a CUDA tensor)
-  const bool padded = plan.numel != plan.userNumel;
-  if (padded) {
-    buf = at::empty({plan.numel}, t.options());
-    buf.narrow(0, 0, plan.userNumel).view(t.sizes()).copy_(t);
-    buf.narrow(0, plan.userNumel, plan.numel - plan.userNumel).zero_();
-  }
+  const bool padded = needsPadding(plan);
+  if (padded) buf = paddedCopy(plan, t);
   std::unique_ptr<CodecOps> ops = codecOpsFor(t.device());
   C10dTransport transport(inner.get(), be.getRank(), plan.world, timeout,
                           C10dTransport::kCollectives, t.is_cuda());
   runAllreduce(plan, transport, *ops, buf);
   if (padded) {
-    t.copy_(buf.narrow(0, 0, plan.userNumel).view(t.sizes()));
+    copyUnpadded(plan, buf, t);
   } else if (!buf.is_same(t)) {
     t.copy_(buf);
   }
@@ -283,12 +279,9 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
   // a rotated message that ends inside a group runs on copies padded with zeros to whole groups
   // (as the backend's), made before the calls begin and copied back after
   std::vector<at::Tensor> data = inputs;
-  const bool padded = plan.numel != plan.userNumel;
+  const bool padded = needsPadding(plan);
   if (padded) {
-    for (int r : ranks) {
-      data[size_t(r)] = at::zeros({plan.numel}, inputs[size_t(r)].options());
-      data[size_t(r)].narrow(0, 0, plan.userNumel).copy_(inputs[size_t(r)].reshape({-1}));
-    }
+    for (int r : ranks) data[size_t(r)] = paddedCopy(plan, inputs[size_t(r)]);
   }
   {
     py::gil_scoped_release noGil;
@@ -325,9 +318,7 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
   TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error));
   for (const std::string& f : failed) TORCH_CHECK(f.empty(), f);
   if (padded) {
-    for (int r : ranks) {
-      inputs[size_t(r)].view({-1}).copy_(data[size_t(r)].narrow(0, 0, plan.userNumel));
-    }
+    for (int r : ranks) copyUnpadded(plan, data[size_t(r)], inputs[size_t(r)]);
   }
   return inputs;
 }
