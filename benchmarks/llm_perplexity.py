@@ -37,6 +37,11 @@ gather phase (every algorithm here sends (W-1)/W of the message per rank in each
 average is the plain mean). Rotation changes nothing on the wire. Each run checks it against the
 bytes the backend counted (``qcomm.stats``: wire_bytes).
 
+A config ``...:rN`` rotates every rank's partial here, in N-point blocks (orthonormal
+Walsh-Hadamard, fp32), runs the allreduce without the codec's rotation and rotates the result
+back: with N other than the group size, a rotation of another size than the quantization group
+(``rotation_size``).
+
     python benchmarks/llm_perplexity.py --out benchmarks/llm_perplexity.md
     python benchmarks/llm_perplexity.py --speeches 4 --window 256 --configs none,two_step:8/8
     python benchmarks/llm_perplexity.py --grid --text early --speeches 2 --window 2048 --no-single
@@ -330,17 +335,38 @@ def grid_specs(algorithms: List[str]) -> List[str]:
 
 
 def split_spec(spec: str):
-    """'none' or 'algorithm:rs/ag[:gGROUP][:rot][:sym]' -> (algorithm, rs bits, ag bits, group,
-    rotate, symmetric); bits None for a phase that ships fp32 ('none'); group 128 unless given."""
+    """'none' or 'algorithm:rs/ag[:gGROUP][:rot][:sym][:rSIZE]' -> (algorithm, rs bits, ag bits,
+    group, rotate, symmetric); bits None for a phase that ships fp32 ('none'); group 128 unless
+    given. rSIZE (rotation_size) is read by rotation_size()."""
     if spec == "none":
         return "none", None, None, 128, False, False
     algo, bits, *rest = spec.split(":")
     rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
     for r in rest:
-        if r not in ("rot", "sym") and not (r[:1] == "g" and r[1:].isdigit()):
-            raise ValueError(f"{spec}: unknown option {r!r} (gGROUP, rot or sym)")
+        if r not in ("rot", "sym") and not (r[:1] in "gr" and r[1:].isdigit()):
+            raise ValueError(f"{spec}: unknown option {r!r} (gGROUP, rot, sym or rSIZE)")
     group = next((int(r[1:]) for r in rest if r.startswith("g")), 128)
+    size = rotation_size(spec)
+    if size and ("rot" in rest or size & (size - 1) or size < 2):
+        raise ValueError(f"{spec}: rSIZE is a power of two, and replaces rot")
     return algo, rs, ag, group, "rot" in rest, "sym" in rest
+
+
+def rotation_size(spec: str) -> int:
+    """The N of an ':rN' option (0 without one): an N-point orthonormal Walsh-Hadamard rotation of
+    every rank's partial applied here, around a qnccl allreduce that does not rotate, and undone on
+    its result. Linear, so the sum is the rotated sum; with N != the group size it emulates a
+    rotation of another size than the quantization group, which the codec does not offer."""
+    return next((int(r[1:]) for r in spec.split(":")[2:] if r.startswith("r") and r != "rot"), 0)
+
+
+def hadamard(n: int) -> torch.Tensor:
+    """The n-point orthonormal Walsh-Hadamard matrix (Sylvester order), fp32: symmetric and its own
+    inverse."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / math.sqrt(n)).float()
 
 
 def parse_config(spec: str):
@@ -399,13 +425,23 @@ def tp_eval(rank, world, model_path, windows, specs, threads=1):
     del weights
     tpg = dist.new_group(list(range(world)), backend="qnccl", pg_options=parse_config("none"))
     acc = {}
+    rotation = [None]  # the current spec's hadamard(N) for ':rN', else None
 
     def reduce(partial, site, layer):
         partial = partial.contiguous()
         parts = [torch.empty_like(partial) for _ in range(world)]
         dist.all_gather(parts, partial)  # Gloo: exact copies of every rank's partial
         exact = torch.stack(parts).double().sum(0)
-        dist.all_reduce(partial, group=tpg)
+        h = rotation[0]
+        if h is None:
+            dist.all_reduce(partial, group=tpg)
+        else:
+            n = h.shape[0]
+            if partial.numel() % n:
+                raise ValueError(f"a {tuple(partial.shape)} partial is not whole {n}-point blocks")
+            rotated = (partial.view(-1, n) @ h).contiguous()
+            dist.all_reduce(rotated, group=tpg)
+            partial = (rotated @ h).view_as(partial)
         a = acc.setdefault(site, [0.0, 0.0, 0.0])
         err2, ref2 = float((partial.double() - exact).pow(2).sum()), float(exact.pow(2).sum())
         a[0] += err2
@@ -422,6 +458,8 @@ def tp_eval(rank, world, model_path, windows, specs, threads=1):
     t_all = time.perf_counter()
     for i, spec in enumerate(specs):
         qcomm.set_config(parse_config(spec), group=tpg)
+        size = rotation_size(spec)
+        rotation[0] = hadamard(size) if size else None
         qcomm.reset_stats(tpg)
         acc.clear()
         dist.barrier()
@@ -468,7 +506,9 @@ def _label(spec: str):
         return ("none", "-", "-", "-", "-")
     algo, rs, ag, group, rot, sym = split_spec(spec)
     bits = "/".join("none" if b is None else str(b) for b in (rs, ag))
-    return (algo, bits, str(group), "absmax" if sym else "min/max", "yes" if rot else "-")
+    size = rotation_size(spec)
+    rotation = f"{size}-point" if size else ("yes" if rot else "-")
+    return (algo, bits, str(group), "absmax" if sym else "min/max", rotation)
 
 
 def position_deltas(nll, nll_ref, window: int):
@@ -565,7 +605,8 @@ def main():
     p.add_argument(
         "--configs",
         default=DEFAULT_CONFIGS,
-        help="none or algorithm:rs/ag[:gGROUP][:rot][:sym], ... (rot: rotation; sym: absmax)",
+        help="none or algorithm:rs/ag[:gGROUP][:rot][:sym][:rN], ... (rot: rotation; sym: "
+        "absmax;\nrN: an N-point rotation applied around the allreduce, see rotation_size)",
     )
     p.add_argument(
         "--grid",

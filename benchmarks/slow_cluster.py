@@ -141,11 +141,14 @@ def worker(args) -> int:
         rotations = {"off": [False], "on": [True], "both": [False, True]}[args.rotate]
         configs = []
         shadows = [0, args.shadow] if args.shadow else [0]
-        for algo, bits, isa, rot, shadow in itertools.product(
-            args.algorithms.split(","), args.bits.split(","), isas, rotations, shadows
+        groups = [int(g) for g in args.groups.split(",")]
+        for algo, bits, group, isa, rot, shadow in itertools.product(
+            args.algorithms.split(","), args.bits.split(","), groups, isas, rotations, shadows
         ):
             rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
             what = f"{algo} [{isa}]" if args.isas else algo
+            if len(groups) > 1 or group != 128:
+                what += f" g{group}"
             if args.rotate == "both":
                 what += " rotated" if rot else ""
             if shadow:
@@ -156,6 +159,7 @@ def worker(args) -> int:
                 ag_bits=ag,
                 min_bytes=0,
                 microshards=args.microshards,
+                group_size=group,
                 rotate=rot,
                 tune=False,
                 shadow=shadow,
@@ -334,6 +338,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--microshards", type=int, default=4)
+    ap.add_argument(
+        "--groups", default="128", help="QuantConfig(group_size=...) to time, e.g. 32,128"
+    )
     ap.add_argument(
         "--rotate",
         nargs="?",

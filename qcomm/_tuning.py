@@ -42,7 +42,7 @@ def cache_key(cfg, world: int, hosts: list, threads: int, version: str) -> dict:
         "ag_bits": cfg.ag_bits,
         "group_size": cfg.group_size,
         "symmetric": cfg.symmetric,
-        "rotate": cfg.rotate,
+        "rotate": cfg.rotates,
         "stochastic_rounding": cfg.stochastic_rounding,
         "min_bytes": cfg.min_bytes,
     }

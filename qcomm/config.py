@@ -40,7 +40,9 @@ class QuantConfig:
         channels over their group, which matters most at 4 bits. The rotation is fused into the
         codec (each group is rotated on its way into the quantizer and back on its way out), so it
         costs two fast transforms per element and no pass or copy of its own (a zero-padded copy
-        where the tensor does not end on a whole group). CPU and CUDA tensors.
+        where the tensor does not end on a whole group). CPU and CUDA tensors. Left unset (None,
+        the default): on when a phase has 4 bits, off otherwise (``rotates``): on a real model's
+        activations 4-bit phases without it lose far more (benchmarks/RESULTS.md section 4).
     stochastic_rounding: round each code down after adding uniform noise, so the quantization
         error has mean zero over calls (for gradient traffic); still identical on every rank.
     tune: with algorithm ``auto``, the first allreduce of host tensors of each dtype and size
@@ -64,7 +66,7 @@ class QuantConfig:
     symmetric: bool = False
     min_bytes: int = 1 << 20
     microshards: int = 4
-    rotate: bool = False
+    rotate: Optional[bool] = None
     stochastic_rounding: bool = False
     tune: Optional[bool] = None
     shadow: int = 0
@@ -76,6 +78,15 @@ class QuantConfig:
         if self.tune is None:  # the default: what QCOMM_TUNE says now (on unless 0)
             object.__setattr__(self, "tune", bool(_C.setting("QCOMM_TUNE")["number"]))
         validate(self)
+
+    @property
+    def rotates(self) -> bool:
+        """Whether the codec rotates: ``rotate``, or where it is None, whether a phase has 4 bits
+        (resolved from the fields as they are, so ``replace(rs_bits=4)`` turns it on; the plan's
+        rule, csrc/plan/config.cpp rotates())."""
+        if self.rotate is None:
+            return self.rs_bits == 4 or self.ag_bits == 4
+        return self.rotate
 
     def replace(self, **changes) -> "QuantConfig":
         """A copy with `changes` (field=value), validated."""
@@ -91,7 +102,7 @@ class QuantConfig:
             bool(self.symmetric),
             int(self.min_bytes),
             int(self.microshards),
-            bool(self.rotate),
+            -1 if self.rotate is None else int(self.rotate),  # -1: the rule of rotates
             bool(self.stochastic_rounding),
             bool(self.tune),
             int(self.shadow),
@@ -108,7 +119,7 @@ class QuantConfig:
             symmetric=bool(d["symmetric"]),
             min_bytes=d["min_bytes"],
             microshards=d["microshards"],
-            rotate=bool(d["rotate"]),
+            rotate=None if d["rotate"] < 0 else bool(d["rotate"]),
             stochastic_rounding=bool(d["stochastic_rounding"]),
             tune=bool(d["tune"]),
             shadow=int(d["shadow"]),
@@ -138,8 +149,8 @@ def validate(cfg: QuantConfig) -> None:
     s = cfg.microshards
     if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= 64:
         raise _bad("microshards", s, "an integer from 1 to 64")
-    if not isinstance(cfg.rotate, bool):
-        raise _bad("rotate", cfg.rotate, "True or False")
+    if cfg.rotate is not None and not isinstance(cfg.rotate, bool):
+        raise _bad("rotate", cfg.rotate, "True, False or None (on for 4-bit phases)")
     if not isinstance(cfg.stochastic_rounding, bool):
         raise _bad("stochastic_rounding", cfg.stochastic_rounding, "True or False")
     if cfg.tune is not None and not isinstance(cfg.tune, bool):
@@ -155,7 +166,10 @@ def _field_value(field: str, value: dict):
         return value["text"]
     if field in ("rs_bits", "ag_bits"):
         return value["number"] or None
-    if field in ("symmetric", "rotate", "stochastic_rounding", "tune"):
+    if field == "rotate":  # a choice: auto (None), or a boolean's spellings
+        text = value["text"]
+        return None if text == "auto" else text in ("1", "true", "yes", "on")
+    if field in ("symmetric", "stochastic_rounding", "tune"):
         return bool(value["number"])
     return int(value["number"])
 

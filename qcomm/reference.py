@@ -325,11 +325,14 @@ def allreduce(
     group_size: int = 128,
     symmetric: bool = False,
     average: bool = False,
-    rotate: bool = False,
+    rotate: Optional[bool] = None,
     stochastic_seq: Optional[int] = None,
 ) -> Result:
     """The quantized allreduce of the per-rank 1-D tensors `xs` (all of one dtype and numel).
-    stochastic_seq: round stochastically, as call number `stochastic_seq` of its group does."""
+    rotate: as QuantConfig.rotate (None: on when a phase has 4 bits). stochastic_seq: round
+    stochastically, as call number `stochastic_seq` of its group does."""
+    if rotate is None:
+        rotate = rs_bits == 4 or ag_bits == 4
     if rotate:
         return _allreduce_rotated(
             xs, algorithm, rs_bits, ag_bits, group_size, symmetric, average, stochastic_seq
@@ -402,7 +405,7 @@ def _allreduce_rotated(xs, algorithm, rs_bits, ag_bits, g, symmetric, average, s
     flat = [x.flatten() for x in xs]
     dtype, n, world = flat[0].dtype, flat[0].numel(), len(flat)
     rot = [rotate_forward(x, g) for x in flat]
-    r = allreduce(rot, algorithm, rs_bits, ag_bits, g, symmetric, average, stochastic_seq=seq)
+    r = allreduce(rot, algorithm, rs_bits, ag_bits, g, symmetric, average, False, seq)
     back = rotate_inverse(r.out, g)
     out = back[:n].to(dtype)
     exact = torch.stack([x.to(F64) for x in flat]).sum(0)

@@ -65,7 +65,7 @@ void QncclBackend::setConfig(const QuantConfig& config) {
   const QuantConfig& a = config_;
   const QuantConfig& b = config;
   if (a.rsBits != b.rsBits || a.agBits != b.agBits || a.groupSize != b.groupSize ||
-      a.symmetric != b.symmetric || a.minBytes != b.minBytes || a.rotate != b.rotate ||
+      a.symmetric != b.symmetric || a.minBytes != b.minBytes || rotates(a) != rotates(b) ||
       a.stochasticRounding != b.stochasticRounding) {
     // the table was measured with other bits, groups or min_bytes: it no longer says what is
     // fastest, and the cache file is keyed by the config the group was created with

@@ -61,7 +61,10 @@ std::vector<Declaration> makeDeclarations() {
   integer("QCOMM_MICROSHARDS", S::kGroup, "4", 1, 64, false, "an integer from 1 to 64",
           "pieces per chunk on CPU, so transfers overlap the codec; never changes the result",
           "microshards");
-  boolean("QCOMM_ROTATE", S::kGroup, "0", "Hadamard-rotate each group before quantizing", "rotate");
+  choice("QCOMM_ROTATE", S::kGroup, "auto",
+         {"auto", "1", "0", "true", "false", "yes", "no", "on", "off"},
+         "auto, or 1/0, true/false, yes/no, on/off",
+         "Hadamard-rotate each group before quantizing; auto: where a phase has 4 bits", "rotate");
   boolean("QCOMM_STOCHASTIC_ROUNDING", S::kGroup, "0",
           "round codes stochastically: errors of mean zero over calls", "stochastic_rounding");
   boolean("QCOMM_TUNE", S::kGroup, "1",

@@ -22,6 +22,10 @@ const char* algoName(int32_t algo) {
   }
 }
 
+bool rotates(const QuantConfig& c) {
+  return c.rotate < 0 ? c.rsBits == 4 || c.agBits == 4 : c.rotate != 0;
+}
+
 void validateConfig(const QuantConfig& c) {
   TORCH_CHECK_VALUE(c.algorithm >= kAuto && c.algorithm <= kAlgoNone,
                     "[qcomm] invalid algorithm code ", c.algorithm,
@@ -37,6 +41,8 @@ void validateConfig(const QuantConfig& c) {
                     "; allowed: an integer >= 0");
   TORCH_CHECK_VALUE(c.microshards >= 1 && c.microshards <= 64, "[qcomm] invalid microshards ",
                     c.microshards, "; allowed: an integer from 1 to 64");
+  TORCH_CHECK_VALUE(c.rotate >= -1 && c.rotate <= 1, "[qcomm] invalid rotate code ", c.rotate,
+                    "; allowed: 1 (on), 0 (off), -1 (on where a phase has 4 bits)");
   TORCH_CHECK_VALUE(c.shadow >= 0, "[qcomm] invalid shadow ", c.shadow,
                     "; allowed: an integer >= 0 (0: off)");
 }

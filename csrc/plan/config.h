@@ -17,7 +17,9 @@ struct QuantConfig {
   bool symmetric = false;
   int64_t minBytes = 1 << 20;
   int32_t microshards = 4;
-  bool rotate = false;  // Hadamard-rotate each group before quantizing (codec.h hadamardGroup)
+  // Hadamard-rotate each group before quantizing (codec.h hadamardGroup): 1 on, 0 off, -1 (the
+  // default) on where a phase has 4 bits (rotates())
+  int32_t rotate = -1;
   bool stochasticRounding = false;  // round codes stochastically (codec.h quantizeStochastic)
   // auto measures, at the first eligible allreduce of each dtype and size class, whether and how
   // to quantize on this link (plan/tuning.h); an explicit algorithm is never tuned over
@@ -26,6 +28,11 @@ struct QuantConfig {
   // runs the exact allreduce of a copy of its input and records the error; 0: off
   int32_t shadow = 0;
 };
+
+// Whether the codec rotates: rotate, or with rotate = -1 whether a phase has 4 bits (on a real
+// model's activations 4-bit groups without the rotation lose far more: benchmarks/RESULTS.md
+// section 4). qcomm/config.py QuantConfig.rotates says the same.
+bool rotates(const QuantConfig& c);
 
 // Throws c10::ValueError naming the knob, the value given and what is allowed.
 void validateConfig(const QuantConfig& c);

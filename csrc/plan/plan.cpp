@@ -70,7 +70,7 @@ Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {
   p.stochastic = cfg.stochasticRounding;
   p.shadow = cfg.shadow;
   p.userDtype = f.dtype;
-  if (cfg.rotate) {
+  if (rotates(cfg)) {
     // whole groups (the caller's tensor padded with zeros where it ends inside one); the codec
     // rotates each group as it encodes and decodes, and a phase set to none ships the rotated
     // values as fp32

@@ -18,7 +18,7 @@ inline QuantConfig configFromTuple(const pybind11::tuple& cfg) {
   c.symmetric = cfg[4].cast<bool>();
   c.minBytes = cfg[5].cast<int64_t>();
   c.microshards = cfg[6].cast<int>();
-  c.rotate = cfg[7].cast<bool>();
+  c.rotate = cfg[7].cast<int>();  // -1: rotates() decides
   c.stochasticRounding = cfg[8].cast<bool>();
   c.tune = cfg[9].cast<bool>();
   c.shadow = cfg[10].cast<int>();

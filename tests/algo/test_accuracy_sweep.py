@@ -205,15 +205,23 @@ def sweep_case(dist: str, world: int, gs: int, sym: bool) -> Dict[Tuple[str, tup
 
 
 def _one_config(g, dist, world, algo, bits, gs, sym) -> Config:
+    # the unrotated codec at every bit width (rotation, on by default at 4 bits, has its own
+    # tests: tests/codec/test_rotation.py)
     cfg = qcomm.QuantConfig(
-        algorithm=algo, rs_bits=bits[0], ag_bits=bits[1], group_size=gs, symmetric=sym, min_bytes=0
+        algorithm=algo,
+        rs_bits=bits[0],
+        ag_bits=bits[1],
+        group_size=gs,
+        symmetric=sym,
+        min_bytes=0,
+        rotate=False,
     )
     g.set_config(cfg)
     runs = []
     for seed in SEEDS:
         xs = list(_inputs(dist, world, seed))
         outs = g.allreduce(xs)
-        r = ref.allreduce(xs, algo, bits[0], bits[1], gs, sym)
+        r = ref.allreduce(xs, algo, bits[0], bits[1], gs, sym, rotate=False)
         runs.append(
             Run(
                 seed=seed,

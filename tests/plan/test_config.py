@@ -25,7 +25,7 @@ from dist_util import run_ranks
         ("min_bytes", 1.5, "integer >= 0"),
         ("microshards", 0, "from 1 to 64"),
         ("microshards", 65, "from 1 to 64"),
-        ("rotate", 1, "True or False"),
+        ("rotate", 1, "True, False or None (on for 4-bit phases)"),
     ],
 )
 def test_invalid_values_name_knob_value_and_allowed(knob, value, allowed):
@@ -74,6 +74,7 @@ def test_environment_parsing():
         ("QCOMM_ALGO", "tree", "auto, two_step, ring, semi_ring, none"),
         ("QCOMM_MIN_BYTES", "1k", "an integer >= 0"),
         ("QCOMM_MICROSHARDS", "65", "an integer from 1 to 64"),
+        ("QCOMM_ROTATE", "maybe", "auto, or 1/0, true/false, yes/no, on/off"),
     ],
 )
 def test_invalid_environment(var, value, allowed):
@@ -81,6 +82,39 @@ def test_invalid_environment(var, value, allowed):
     with pytest.raises(ValueError) as e:
         qc.from_env({var: value})
     assert str(e.value) == f"qcomm: invalid {var}='{value}'; allowed: {allowed}"
+
+
+def test_rotate_left_unset_rotates_where_a_phase_has_4_bits():
+    # the rule: QuantConfig.rotates, the tuple the backend gets, and the reference alike
+    for rs, ag, want in (
+        (8, 8, False),
+        (4, 8, True),
+        (8, 4, True),
+        (4, 4, True),
+        (None, 8, False),
+        (4, None, True),
+        (None, None, False),
+    ):
+        c = qcomm.QuantConfig(rs_bits=rs, ag_bits=ag)
+        assert c.rotate is None and c.rotates is want and c.as_tuple()[7] == -1, (rs, ag)
+    # resolved from the fields as they are: replace() turns it on and off
+    c = qcomm.QuantConfig()
+    assert c.replace(rs_bits=4).rotates and not c.replace(rs_bits=4).replace(rs_bits=8).rotates
+    # an explicit value wins both ways
+    assert not qcomm.QuantConfig(rs_bits=4, rotate=False).rotates
+    assert qcomm.QuantConfig(rotate=True).rotates
+    # QCOMM_ROTATE: unset or auto leaves it None; a boolean's spellings set it
+    for raw, want in (("auto", None), ("AUTO", None), ("1", True), ("off", False), ("yes", True)):
+        assert qc.from_env({"QCOMM_ROTATE": raw}).rotate is want, raw
+    assert qc.from_env({}).rotate is None
+    # the reference follows the same rule: rotate=None is rotate=True at 4 bits
+    from qcomm import reference as ref
+
+    xs = [torch.randn(1000, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    auto = ref.allreduce(xs, rs_bits=4, ag_bits=8).out
+    assert torch.equal(auto, ref.allreduce(xs, rs_bits=4, ag_bits=8, rotate=True).out)
+    assert not torch.equal(auto, ref.allreduce(xs, rs_bits=4, ag_bits=8, rotate=False).out)
+    assert torch.equal(ref.allreduce(xs).out, ref.allreduce(xs, rotate=False).out)
 
 
 def test_resolve_precedence_and_types(monkeypatch):
