@@ -78,15 +78,21 @@ int64_t runOverNccl(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor
   return wire;
 }
 
-// two_step over CUDA IPC: the same schedule, its exchanges as copy and barrier kernels through
-// the buffers. Returns the bytes this rank writes into its peers' buffers.
+// An allreduce over CUDA IPC: the same schedule (two_step, ring or semi_ring), its exchanges as
+// copy and barrier kernels through the buffers. Returns the bytes this rank writes into its
+// peers' buffers.
 int64_t runOverIpc(const Plan& plan, IpcTransport& ipc, int rank, at::Tensor& data,
                    const c10::cuda::CUDAStream& stream, std::chrono::milliseconds timeout,
                    bool eager) {
 #ifdef QCOMM_EXPERIMENTS
   if (!ipc.separate()) {
-    // the fused kernel quantizes the message as it is: it has no rotated codec (every rank has
-    // the same plan and kernels, so every rank refuses, before any exchange)
+    // the fused kernel is two_step's only, and quantizes the message as it is: it has no rotated
+    // codec (every rank has the same plan and kernels, so every rank refuses, before any
+    // exchange)
+    TORCH_CHECK_VALUE(plan.algorithm == kTwoStep, rankPrefix(rank, plan.world),
+                      "allreduce: ", algoName(plan.algorithm),
+                      " needs the separate CUDA-IPC kernels (QCOMM_IPC_KERNELS=separate); the "
+                      "fused two_step experiment runs two_step only");
     TORCH_CHECK_VALUE(
         !plan.rotate, rankPrefix(rank, plan.world),
         "allreduce: rotate=True needs the separate CUDA-IPC kernels "
@@ -111,7 +117,8 @@ int64_t runOverIpc(const Plan& plan, IpcTransport& ipc, int rank, at::Tensor& da
     for (const std::string& lead : {rankPrefix(rank, plan.world), std::string("allreduce: ")}) {
       if (cause.rfind(lead, 0) == 0) cause = cause.substr(lead.size());
     }
-    cause = "the CUDA-IPC two_step (separate kernels) failed: " + cause;
+    cause = "the CUDA-IPC " + std::string(algoName(plan.algorithm)) +
+            " (separate kernels) failed: " + cause;
   }
   ipc.ended(stream.stream(), eager, cause);
   return sent;
@@ -262,9 +269,13 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   // a peer whose kernels ended cleanly is not left waiting in it: it enqueues, and its kernel
   // stops at once on the abort word the failed rank set in every buffer.
   check();
-  const bool useIpc = ipc && plan.algorithm == kTwoStep;
+  // every quantized algorithm runs over CUDA IPC where the group set it up (two_step, ring and
+  // semi_ring: their exchanges are all-to-all, all-gather or point-to-point legs, all of which
+  // ipc_exchange.h runs)
+  const bool useIpc =
+      ipc && (plan.algorithm == kTwoStep || plan.algorithm == kRing || plan.algorithm == kSemiRing);
   TORCH_CHECK(useIpc || nccl_, prefix(), "allreduce: no NCCL backend for the ",
-              algoName(plan.algorithm), " algorithm (CUDA IPC runs two_step only)");
+              algoName(plan.algorithm), " algorithm, and CUDA IPC is not set up for this group");
 
   // Async ops run on the side stream. So do all IPC calls: they share the group's buffers and
   // device epoch, so one must end before the next starts, whatever stream the caller is on; a

@@ -101,11 +101,12 @@ std::vector<Declaration> makeDeclarations() {
           "each rank's CUDA-IPC buffer, in MiB (the same on every rank)");
 #ifdef QCOMM_EXPERIMENTS
   choice("QCOMM_IPC_KERNELS", S::kGroup, "separate", {"separate", "fused"}, "separate, fused",
-         "how CUDA IPC runs two_step: codec kernels and copies, or the fused kernel (experiment)");
+         "how CUDA IPC runs: codec kernels and copies (every algorithm), or the fused kernel "
+         "(experiment, two_step only)");
 #else
   choice("QCOMM_IPC_KERNELS", S::kGroup, "separate", {"separate"},
          "separate (fused needs a build with QCOMM_EXPERIMENTS=1)",
-         "how CUDA IPC runs two_step: the codec kernels and copy kernels");
+         "how CUDA IPC runs the algorithms: the codec kernels and copy kernels");
 #endif
   integer("QCOMM_IPC_BLOCKS", S::kGroup, "0", 0, 1 << 20, false, "an integer >= 0",
           "caps the SMs the IPC kernels size their grids by (copies: twice that); 0: every SM");

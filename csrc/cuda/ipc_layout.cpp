@@ -37,11 +37,10 @@ std::string describeIpcError(const IpcError& e) {
   const std::string after =
       ". This group's CUDA allreduces cannot continue: destroy it and create a new one.";
   if (e.code == 1) {
-    return "allreduce (CUDA IPC two_step): rank " + std::to_string(e.rank) + " timed out in the " +
-           step + where + "; a peer may have died, stopped, or called a different collective" +
-           after;
+    return "allreduce (CUDA IPC): rank " + std::to_string(e.rank) + " timed out in the " + step +
+           where + "; a peer may have died, stopped, or called a different collective" + after;
   }
-  return "allreduce (CUDA IPC two_step): rank " + std::to_string(e.rank) +
+  return "allreduce (CUDA IPC): rank " + std::to_string(e.rank) +
          " stopped because a peer gave up (" + step + "," + where + "); see that rank's error" +
          after;
 }

@@ -20,11 +20,12 @@ inline int32_t dtypeCode(at::ScalarType t) {
 }
 
 // The plan of an emulated CUDA-IPC call: one contiguous CPU input and one equal uint8 buffer per
-// rank (at least 2), a config that quantizes with two_step, rotating only where `rotates` (the
-// separate kernels run the schedules, which rotate through CodecOps; the fused kernel does not).
+// rank (at least 2), a config that quantizes. With `separate` (the separate kernels, which run the
+// schedules of every algorithm and rotate through CodecOps) any algorithm and rotation; else (the
+// fused kernel) two_step only, no rotation.
 inline Plan emulatedPlan(const char* what, const std::vector<at::Tensor>& inputs,
                          const std::vector<at::Tensor>& buffers, pybind11::tuple cfg, bool average,
-                         uint32_t callSeq, bool rotates = false) {
+                         uint32_t callSeq, bool separate = false) {
   const int world = int(inputs.size());
   TORCH_CHECK_VALUE(world >= 2 && buffers.size() == inputs.size(), what,
                     ": one input and one buffer per rank, at least 2 ranks");
@@ -45,8 +46,9 @@ inline Plan emulatedPlan(const char* what, const std::vector<at::Tensor>& inputs
                       what, ": equal contiguous uint8 buffers");
   }
   Plan plan = makePlan(f, c);
-  TORCH_CHECK_VALUE(plan.quantize && plan.algorithm == kTwoStep && (rotates || !plan.rotate), what,
-                    ": the config must quantize with two_step", rotates ? "" : ", no rotation");
+  TORCH_CHECK_VALUE(plan.quantize, what, ": the config must quantize");
+  TORCH_CHECK_VALUE(separate || (plan.algorithm == kTwoStep && !plan.rotate), what,
+                    ": the config must quantize with two_step, no rotation");
   plan.callSeq = callSeq;
   return plan;
 }

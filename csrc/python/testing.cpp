@@ -255,10 +255,11 @@ struct CountingHostCopies : HostCopies {
   }
 };
 
-// two_step over CUDA IPC with the separate kernels (QCOMM_IPC_KERNELS=separate) run on host
-// memory: the algorithm's schedule with the CPU codec, its exchanges copied through `buffers` (one
-// zeroed byte tensor per rank, kept across calls so the barrier counts carry on) by the schedule
-// of ipc_exchange.h, one thread per rank of `ranks` (default all), in place on `inputs`.
+// An allreduce (two_step, ring or semi_ring) over CUDA IPC with the separate kernels
+// (QCOMM_IPC_KERNELS=separate) run on host memory: the algorithm's schedule with the CPU codec, its
+// exchanges copied through `buffers` (one zeroed byte tensor per rank, kept across calls so the
+// barrier counts carry on) by the schedule of ipc_exchange.h, one thread per rank of `ranks`
+// (default all), in place on `inputs`.
 std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
                                            std::vector<at::Tensor> buffers, py::tuple cfg,
                                            bool average, uint32_t callSeq, int64_t timeoutMs,

@@ -310,7 +310,7 @@ IpcTransport::~IpcTransport() {
     if (hostProfile_) cudaFreeHost(hostProfile_);
   } else {
     std::fprintf(stderr,
-                 "%s[qcomm] CUDA-IPC teardown: this rank's last two_step is still running after "
+                 "%s[qcomm] CUDA-IPC teardown: this rank's last allreduce is still running after "
                  "%lld s; its buffers are left mapped (a peer may have died)\n",
                  rankPrefix(rank_, world_).c_str(), (long long)(2 * kTeardownWait.count()));
   }

@@ -47,9 +47,9 @@ class IpcTransport {
   IpcTransport(const IpcTransport&) = delete;
   IpcTransport& operator=(const IpcTransport&) = delete;
 
-  // The exchanges of one call (two_step's all-to-all and all-gather) as copy and barrier kernels
-  // on `stream` through the buffers; the caller has called checkError() first and made `stream`
-  // current. It allocates nothing once its first exchange has begun.
+  // The exchanges of one call (all-to-all, all-gather and point-to-point legs) as copy and barrier
+  // kernels on `stream` through the buffers; the caller has called checkError() first and made
+  // `stream` current. It allocates nothing once its first exchange has begun.
   std::unique_ptr<Transport> exchanges(cudaStream_t stream, std::chrono::milliseconds timeout);
   // The call's launches are enqueued on `stream` (eager: outside CUDA graph capture), or failed
   // part-way with `cause` (non-empty): teardown will wait for what was enqueued; a failure stops

@@ -1,12 +1,15 @@
 // The separate kernels' exchange (csrc/transport/ipc_exchange.h, ipc::CopySchedule) checked with
 // any executor: W ranks as threads move random bytes through buffers so small that slots take
-// several rounds (copied out) or one (left in the buffers), over several calls; what each rank
-// reads at its parts before its next exchange must be exactly what its peers sent it, the barrier
-// counts must agree, and nothing may give up. Shared by the ThreadSanitizer harness
-// (tests/native/exchange_race.cpp, the host executor) and the SIMT emulator's driver
-// (tests/native/simt/exchange_main.cpp, the kernels of csrc/cuda/ipc_kernels.cu).
+// several rounds (copied out) or one (left in the buffers), over several calls, each an all-to-all,
+// an all-gather and then the rings' point-to-point legs (to the next rank and from the previous,
+// and with 3 ranks or more the reverse too, as semi_ring's steps; messages shorter than the unit
+// on some ranks); what each rank reads at its parts before its next exchange must be exactly what
+// its peers sent it, the barrier counts must agree, and nothing may give up. Shared by the
+// ThreadSanitizer harness (tests/native/exchange_race.cpp, the host executor) and the SIMT
+// emulator's driver (tests/native/simt/exchange_main.cpp, the kernels of csrc/cuda/ipc_kernels.cu).
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -41,8 +44,10 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
   std::vector<IpcError> err(static_cast<size_t>(world));
   for (size_t call = 0; call < slots.size(); ++call) {
     const int64_t slot = slots[call];
-    std::vector<std::vector<uint8_t>> in(static_cast<size_t>(world)), out = in, gin = in, gout = in,
-                                                                      got = in, ggot = in;
+    std::vector<std::vector<uint8_t>> in(static_cast<size_t>(world)),
+        out = in, gin = in, gout = in, got = in, ggot = in, lin = in, lout = in, lgot = in;
+    // the legs' messages: slot, slot - 5 or slot - 10 bytes (rank mod 3), in units of `slot`
+    auto legBytes = [&](int r) { return std::max<int64_t>(0, slot - 5 * (r % 3)); };
     std::mt19937 gen{uint32_t(call)};
     for (int r = 0; r < world; ++r) {
       in[size_t(r)].resize(size_t(world * slot));
@@ -53,6 +58,10 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
       gout[size_t(r)].assign(size_t(world * slot), 0);
       got[size_t(r)].assign(size_t(world * slot), 0);
       ggot[size_t(r)].assign(size_t(world * slot), 0);
+      lin[size_t(r)].resize(size_t(2 * slot));
+      for (auto& v : lin[size_t(r)]) v = uint8_t(gen());
+      lout[size_t(r)].assign(size_t(2 * slot), 0);
+      lgot[size_t(r)].assign(size_t(2 * slot), 0);
     }
     std::vector<char> ok(size_t(world), 0);
     std::vector<std::thread> ranks;
@@ -79,6 +88,24 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
         done =
             done && x.run(gout[size_t(r)].data(), gin[size_t(r)].data(), slot, true, parts.data());
         if (done) take(ggot[size_t(r)]);
+        // legs 0, 1: to the next rank, from the previous; 2, 3: to the previous, from the next
+        const int next = (r + 1) % world, prev = (r + world - 1) % world;
+        std::vector<ipc::Leg> legs = {{true, next, lin[size_t(r)].data(), legBytes(r)},
+                                      {false, prev, lout[size_t(r)].data(), legBytes(prev)}};
+        if (world >= 3) {
+          legs.push_back({true, prev, lin[size_t(r)].data() + slot, legBytes(r)});
+          legs.push_back({false, next, lout[size_t(r)].data() + slot, legBytes(next)});
+        }
+        std::vector<const uint8_t*> where(legs.size());
+        done = done && x.runLegs(legs.data(), int(legs.size()), slot, where.data());
+        if (done) {
+          c.flush();
+          for (size_t i = 1; i < legs.size(); i += 2) {
+            if (legs[i].bytes > 0) {
+              readPart(c, lgot[size_t(r)].data() + (i / 2) * slot, where[i], legs[i].bytes);
+            }
+          }
+        }
         ok[size_t(r)] = done && c.failure()[0] == '\0';
       });
     }
@@ -99,6 +126,17 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
                        q);
           return false;
         }
+      }
+      const int next = (r + 1) % world, prev = (r + world - 1) % world;
+      const bool legsOk =
+          std::memcmp(lgot[size_t(r)].data(), lin[size_t(prev)].data(), size_t(legBytes(prev))) ==
+              0 &&
+          (world < 3 || std::memcmp(lgot[size_t(r)].data() + slot, lin[size_t(next)].data() + slot,
+                                    size_t(legBytes(next))) == 0);
+      if (!legsOk) {
+        std::fprintf(stderr, "%s call %zu: rank %d's legs from ranks %d and %d differ\n", what,
+                     call, r, prev, next);
+        return false;
       }
       uint32_t count;
       std::memcpy(&count, buffers[size_t(r)].data() + kIpcBarrierCountOffset, 4);

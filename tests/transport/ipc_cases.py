@@ -95,8 +95,10 @@ def case(
     symmetric=False,
     stochastic=False,
     async_op=False,
+    algorithm="two_step",
+    rotate=False,
 ):
-    cfg = two_step(rs, ag, symmetric, stochastic)
+    cfg = two_step(rs, ag, symmetric, stochastic).replace(algorithm=algorithm, rotate=rotate)
     qcomm.set_config(cfg)
     xs = inputs(world, numel, dtype, seed)
     x = xs[rank].cuda()
@@ -107,16 +109,17 @@ def case(
         work.wait()  # the current stream waits; the host does not
     got = x.cpu()
     name = (
-        f"rs={rs} ag={ag} {dtype} n={numel} avg={average} sym={symmetric} "
-        f"sr={stochastic} async={async_op}"
+        f"{algorithm} rs={rs} ag={ag} {dtype} n={numel} avg={average} sym={symmetric} "
+        f"sr={stochastic} async={async_op} rotate={rotate}"
     )
     r = ref.allreduce(
         xs,
-        "two_step",
+        algorithm,
         rs,
         ag,
         symmetric=symmetric,
         average=average,
+        rotate=rotate,
         stochastic_seq=seq if stochastic else None,
     )
     problems = []
@@ -147,6 +150,33 @@ def matrix_worker(rank, world):
     problems += case(rank, world, 4, 4, torch.float32, 9000, 103, stochastic=True)
     problems += case(rank, world, 8, 8, torch.bfloat16, 3 * 2**20 + 5, 104, async_op=True)
     problems += case(rank, world, 4, 8, torch.float16, 2**22, 105, average=True)
+    return problems
+
+
+def rings_worker(rank, world, algorithm):
+    # ring or semi_ring over CUDA IPC (the separate kernels; its hops are point-to-point legs):
+    # with QCOMM_IPC_BUFFER_MB=1 the larger messages take several rounds per hop
+    torch.cuda.set_device(0)
+    problems = []
+    sizes = [7, 65539, 3 * 2**20 + 5]
+    for i, ((rs, ag), dtype, numel) in enumerate(
+        itertools.product(BITS, [torch.float32, torch.bfloat16], sizes)
+    ):
+        problems += case(
+            rank,
+            world,
+            rs,
+            ag,
+            dtype,
+            numel,
+            500 + i,
+            average=i % 2 == 0,
+            stochastic=i % 7 == 2,
+            algorithm=algorithm,
+            rotate=i % 3 == 1,
+        )
+    if qcomm.cuda_transport()["transport"] != "ipc":
+        problems.append(f"transport is {qcomm.cuda_transport()}")
     return problems
 
 

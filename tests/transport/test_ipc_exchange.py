@@ -1,19 +1,22 @@
 """The CUDA-IPC transport's exchange (csrc/transport/ipc_exchange.h, the separate kernels of
 QCOMM_IPC_KERNELS=separate) on the CPU, every run: its geometry (csrc/cuda/ipc_layout.cpp); the
-collective path's two_step with the CPU codec (bit-identical to the CUDA kernels) with its bytes
-moved through host buffers by the exchange's copy schedule and the barrier of
-csrc/cuda/ipc_barrier.h, one thread per rank (csrc/python/ipc_emulation.*), bit for bit against
-qcomm/reference.py; a rank that never comes; and ThreadSanitizer over the same exchange
-(scripts/tsan_ipc.sh). The kernels themselves run under the SIMT emulator in
-tests/cuda/test_simt_emulation.py and on a GPU in tests/cuda/test_cuda_allreduce.py."""
+collective path's two_step, ring and semi_ring with the CPU codec (bit-identical to the CUDA
+kernels) with their bytes moved through host buffers by the exchange's copy schedule and the
+barrier of csrc/cuda/ipc_barrier.h, one thread per rank (csrc/python/ipc_emulation.*), bit for bit
+against qcomm/reference.py; a rank that never comes; and ThreadSanitizer over the same exchange,
+its all-to-all, all-gather and ring legs (scripts/tsan_ipc.sh). The kernels themselves run under
+the SIMT emulator in tests/cuda/test_simt_emulation.py and on a GPU in
+tests/cuda/test_cuda_allreduce.py. The rings over CUDA IPC are verified only this way, on the CPU
+(and their copy kernels under the SIMT emulator); they have not run on a GPU."""
 
+import itertools
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from ipc_cases import EMULATED_CASES, emulated_matrix, inputs, two_step
+from ipc_cases import EMULATED_CASES, emulated_matrix, inputs, same_bits, two_step
 
 import qcomm
 from qcomm import reference as ref
@@ -89,11 +92,68 @@ def test_ipc_separate_kernels_emulated_rotate_as_the_reference(world):
     assert not problems, "\n".join(problems)
 
 
-def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging():
+RING_BITS = [(8, 8), (4, 8), (8, None), (4, 4)]
+RING_SIZES = [1, 7, 1000, 65539]  # 65539: a prime, in several rounds per hop with 300 KiB buffers
+RING_CASES = list(
+    itertools.product(RING_BITS, [torch.float32, torch.bfloat16], RING_SIZES, [False, True])
+)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("algorithm", ["ring", "semi_ring"])
+def test_ipc_separate_kernels_emulated_rings_match_the_reference(algorithm, world):
+    # the rings' hops are point-to-point legs: each runs as rounds through the buffers (one per
+    # hop where a unit fits a round, read where it landed; else copied out). A 300 KiB buffer
+    # (rounds of 2.7 KiB with 8 ranks, 11 KiB with 2): a chunk of the 65539-element messages takes
+    # several rounds per hop, one of 1000 elements a single round, and with 1 or 7 elements most
+    # ranks' legs carry no bytes but take part. AVG and SUM for each rotation; stochastic rounding
+    # in some.
+    bufs = [torch.zeros(300 << 10, dtype=torch.uint8) for _ in range(world)]
+    problems = []
+    for i, ((rs, ag), dtype, n, rotate) in enumerate(RING_CASES):
+        for avg in (False, True):
+            seq = 2 * i + avg
+            sr = seq % 7 == 2
+            cfg = qcomm.QuantConfig(
+                algorithm=algorithm,
+                rs_bits=rs,
+                ag_bits=ag,
+                min_bytes=0,
+                rotate=rotate,
+                stochastic_rounding=sr,
+            )
+            xs = inputs(world, n, dtype, 90 + seq)
+            outs = [x.clone() for x in xs]
+            qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.as_tuple(), avg, seq)
+            want = ref.allreduce(
+                xs,
+                algorithm,
+                rs,
+                ag,
+                average=avg,
+                rotate=rotate,
+                stochastic_seq=seq if sr else None,
+            ).out
+            for r, o in enumerate(outs):
+                if not same_bits(o, want):
+                    problems.append(
+                        f"{algorithm} rs={rs} ag={ag} {dtype} n={n} rotate={rotate} avg={avg} "
+                        f"sr={sr} rank {r}: {int((o != want).sum())} elements differ"
+                    )
+    assert not problems, "\n".join(problems[:20])
+    # every rank entered the same barriers: one per call, then one per round of each hop and of
+    # the gather exchange; more than one round each on average (some took several)
+    counts = [b[160:164].view(torch.int32).item() for b in bufs]
+    hops = world - 1 if algorithm == "ring" else world // 2
+    assert len(set(counts)) == 1 and counts[0] > (2 + hops) * 2 * len(RING_CASES), counts
+
+
+@pytest.mark.parametrize("algorithm", ["two_step", "ring"])
+def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging(algorithm):
     world = 3
     bufs = [torch.zeros(1 << 20, dtype=torch.uint8) for _ in range(world)]
     xs = inputs(world, 20000, torch.float32, 1)
-    cfg = qcomm.QuantConfig(algorithm="two_step", min_bytes=0)
+    cfg = qcomm.QuantConfig(algorithm=algorithm, min_bytes=0)
     with pytest.raises(
         RuntimeError,
         match=r"rank \d timed out in the separate kernels' barrier 0 of its call "
@@ -108,7 +168,8 @@ def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging(
 
 def test_ipc_exchange_has_no_data_race():
     # ThreadSanitizer over the exchange's host emulation: 4 ranks as threads, slots of several
-    # rounds (copied out) and of one (read where they landed), several calls. Using one half for
+    # rounds (copied out) and of one (read where they landed), several calls, each an all-to-all,
+    # an all-gather and a ring step's legs in both directions (semi_ring's). Using one half for
     # every round, a barrier that does not wait, or no barrier before a slot of one round is read,
     # makes TSan report a race.
     run = subprocess.run(
