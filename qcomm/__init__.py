@@ -87,14 +87,14 @@ _logged_settings = False
 
 def _check_process_settings(rank: int, world: int) -> None:
     """Reads every process-scoped setting now, so that an invalid value is an error at the group's
-    creation; with QCOMM_DEBUG=INFO, prints (once per process) each setting that differs from its
-    default, where it came from and the default, as NCCL_DEBUG=INFO does."""
+    creation; with QCOMM_DEBUG=INFO (or CHECK), prints (once per process) each setting that
+    differs from its default, where it came from and the default, as NCCL_DEBUG=INFO does."""
     global _logged_settings
     for d in _C.setting_declarations():
         if d["scope"] == "process":
             _C.setting(d["name"])
     _C.cpu_isa()  # an instruction set this CPU lacks is refused here, not at the first allreduce
-    if _logged_settings or _C.setting("QCOMM_DEBUG")["text"] != "INFO":
+    if _logged_settings or _C.setting("QCOMM_DEBUG")["text"] == "WARN":
         return
     _logged_settings = True
     for s in settings():

@@ -7,6 +7,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <omp.h>
+#include <torch/csrc/distributed/c10d/debug.h>
 
 #include <algorithm>
 #include <atomic>
@@ -44,6 +45,8 @@ QncclBackend::QncclBackend(int rank, int size, std::chrono::milliseconds timeout
       store_(std::move(store)),
       config_(config),
       disabled_(disabled),
+      checkCalls_(settings::text("QCOMM_DEBUG") == "CHECK" ||
+                  c10d::debug_level() == c10d::DebugLevel::Detail),
       cpuThreads_(cpuThreads) {
   TORCH_CHECK_VALUE(cpuThreads >= 0, prefix(), "cpu_threads must be >= 0, got ", cpuThreads);
   TORCH_CHECK(gloo_, prefix(), "qnccl needs an inner Gloo backend");
@@ -297,7 +300,7 @@ constexpr int64_t kQuietCalls = 100;
 }  // namespace
 
 void QncclBackend::logDecision(const Plan& plan, const at::Tensor& t, c10d::ReduceOp op) {
-  if (getRank() != 0 || settings::text("QCOMM_DEBUG") != "INFO") return;
+  if (getRank() != 0 || settings::text("QCOMM_DEBUG") == "WARN") return;
   std::string what;
   if (plan.quantize) {
     auto bits = [](int b) { return b == 0 ? std::string("none") : std::to_string(b); };

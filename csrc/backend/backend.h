@@ -255,6 +255,9 @@ class QncclBackend : public c10d::Backend {
   int64_t eligibleCalls_ = 0;     // allreduces of fp32/fp16/bf16 dense tensors, SUM or AVG
   bool quietLogged_ = false;
   const bool disabled_;
+  // QCOMM_DEBUG=CHECK or TORCH_DISTRIBUTED_DEBUG=DETAIL: every eager quantized CUDA call exchanges
+  // its plan header on the host first, also where the CUDA-IPC barrier compares fingerprints
+  const bool checkCalls_;
   const int cpuThreads_;
   std::atomic<int> cpuThreadsUsed_{0};
   std::atomic<uint32_t> callSeq_{0};  // quantized allreduces issued here (seeds the rounding noise)

@@ -103,9 +103,13 @@ int64_t runOverIpc(const Plan& plan, IpcTransport& ipc, int rank, at::Tensor& da
   int64_t sent = 0;
   std::string cause;
   try {
-    std::unique_ptr<Transport> t = ipc.exchanges(stream.stream(), timeout);
+    // the call's first barrier compares the ranks' plan fingerprints on the device: the agreement
+    // the host exchange of headers gives, off the host's critical path
+    std::unique_ptr<Transport> t = ipc.exchanges(stream.stream(), timeout, planFingerprint(plan));
     std::unique_ptr<CodecOps> ops = makeCudaCodecOps(stream.stream());
     runAllreduce(plan, *t, *ops, data);
+    // a call whose kernels gave up (a mismatch, a peer that died) leaves NaN, not numbers
+    ipc.poisonIfAborted(static_cast<uint8_t*>(data.data_ptr()), data.nbytes(), stream.stream());
     sent = t->bytesSent();
   } catch (const c10::Error& e) {
     cause = e.what_without_backtrace();
@@ -262,18 +266,25 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   // (as runQuantizedCpu's), made here for the same reason, and copied back into t at the end.
   const bool padded = needsPadding(plan);
   if (padded) buf = paddedCopy(plan, t);
-  C10dTransport control(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
-  requireAgreement(
-      agreeOnPlan(plan, control));  // host-side, over Gloo: nothing waits for the device
-  // an earlier call's kernel gave up: say so before enqueuing more. After the agreement, so that
-  // a peer whose kernels ended cleanly is not left waiting in it: it enqueues, and its kernel
-  // stops at once on the abort word the failed rank set in every buffer.
-  check();
   // every quantized algorithm runs over CUDA IPC where the group set it up (two_step, ring and
   // semi_ring: their exchanges are all-to-all, all-gather or point-to-point legs, all of which
   // ipc_exchange.h runs)
   const bool useIpc =
       ipc && (plan.algorithm == kTwoStep || plan.algorithm == kRing || plan.algorithm == kSemiRing);
+  // The ranks' agreement on the call. The separate IPC kernels check it on the device, in the
+  // call's first barrier (plan fingerprints): no host round trip. The NCCL transport (whose
+  // collectives of mismatched sizes would hang inside NCCL) and the fused experiment exchange
+  // headers over Gloo on the host first; so does every call under QCOMM_DEBUG=CHECK or
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL, where a mismatch then names its field and leaves the group
+  // usable. Host-side: nothing waits for the device.
+  if (!useIpc || !ipc->separate() || checkCalls_) {
+    C10dTransport control(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
+    requireAgreement(agreeOnPlan(plan, control));
+  }
+  // an earlier call's kernel gave up: say so before enqueuing more. After the agreement, so that
+  // a peer whose kernels ended cleanly is not left waiting in it: it enqueues, and its kernel
+  // stops at once on the abort word the failed rank set in every buffer.
+  check();
   TORCH_CHECK(useIpc || nccl_, prefix(), "allreduce: no NCCL backend for the ",
               algoName(plan.algorithm), " algorithm, and CUDA IPC is not set up for this group");
 

@@ -228,7 +228,7 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
   stats_.tuneNanos += int64_t(took * 1e9);
   if (getRank() != 0) return;
   if (!cuda) saveTuning();  // the cache holds host-memory choices only
-  if (settings::text("QCOMM_DEBUG") != "INFO") return;
+  if (settings::text("QCOMM_DEBUG") == "WARN") return;
   const TuneEntry* e = nullptr;
   std::string times;
   {

@@ -90,9 +90,10 @@ std::vector<Declaration> makeDeclarations() {
          "instruction set of the CPU codec loops; auto takes the widest this CPU has");
   boolean("QCOMM_CUDA_QUANTIZE", S::kProcess, "0",
           "quantize eligible CUDA allreduces (opt-in until timed against NCCL across GPUs)");
-  choice("QCOMM_DEBUG", S::kProcess, "WARN", {"WARN", "INFO"}, "WARN, INFO",
+  choice("QCOMM_DEBUG", S::kProcess, "WARN", {"WARN", "INFO", "CHECK"}, "WARN, INFO, CHECK",
          "INFO: rank 0 prints each setting that differs from its default, and per group what "
-         "its allreduces of each size class do");
+         "its allreduces of each size class do; CHECK: INFO, and every eager CUDA-IPC call "
+         "exchanges its header on the host first (a mismatch names its field)");
 
   // A group's CUDA path: read when it sets up, at its first quantized CUDA allreduce.
   choice("QCOMM_TRANSPORT", S::kGroup, "auto", {"auto", "ipc", "nccl"}, "auto, ipc, nccl",

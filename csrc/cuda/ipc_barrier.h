@@ -1,8 +1,9 @@
 // The separate kernels' barrier over the CUDA-IPC buffers, written once for two executors: the
 // barrier kernel (ipc_kernels.cu, one thread) and a host emulation (csrc/python/ipc_emulation.cpp,
 // one thread per rank over host memory) that the CPU tests run. Each executor `ex` provides
-// release(flag, v) and wait(flag, value, step, peer, index) (false: it gave up, the error is
-// recorded).
+// release(flag, v), load(flag) (an acquire load), wait(flag, value, step, peer, index) (false: it
+// gave up, the error is recorded) and mismatch(peer, theirs, mine) (records that the peer's call
+// differs, sets every rank's abort word, returns false).
 #pragma once
 
 #include "cuda/ipc_layout.h"
@@ -31,18 +32,35 @@ QCOMM_PROTO_FN uint32_t* barrierFlag(uint8_t* buf, uint32_t number, int src) {
 // k + 1 before this rank enters it), and barriers of the other parity use other flags: the flag
 // waited for cannot already hold a later number. `index` (the barrier's place in its call) only
 // names it in an error. False: a wait gave up.
+//
+// With `check` (a call's first barrier) the barrier also compares the ranks' calls: before its
+// releases this rank writes `fingerprint` (its plan's) into its word of every peer's buffer, and
+// after each peer's release it reads that peer's word in its own: a different value means the
+// calls differ, and the rank gives up (ex.mismatch records it and sets every rank's abort word),
+// so a mismatched call stops every rank's kernels instead of moving bytes of the wrong sizes. A
+// word is rewritten only at the peer's next call's first barrier, which it reaches after this
+// rank has entered the barriers after this one (every call has more than one).
 template <class Exec>
-QCOMM_PROTO_FN bool barrier(Exec& ex, uint8_t* const* buffers, int rank, int world,
-                            uint32_t index) {
+QCOMM_PROTO_FN bool barrier(Exec& ex, uint8_t* const* buffers, int rank, int world, uint32_t index,
+                            bool check = false, uint32_t fingerprint = 0) {
   uint32_t* count = word(buffers[rank], kIpcBarrierCountOffset);
   const uint32_t number = *count + 1u;
   *count = number;
+  if (check) {
+    for (int j = 1; j < world; ++j) {
+      ex.release(word(buffers[(rank + j) % world], kIpcFingerprintOffset) + rank, fingerprint);
+    }
+  }
   for (int j = 1; j < world; ++j) {
     ex.release(barrierFlag(buffers[(rank + j) % world], number, rank), number);
   }
   for (int j = 1; j < world; ++j) {
     const int q = (rank + j) % world;
     if (!ex.wait(barrierFlag(buffers[rank], number, q), number, 3u, q, index)) return false;
+    if (check) {
+      const uint32_t theirs = ex.load(word(buffers[rank], kIpcFingerprintOffset) + q);
+      if (theirs != fingerprint) return ex.mismatch(q, theirs, fingerprint);
+    }
   }
   return true;
 }

@@ -34,6 +34,14 @@ void hostRecordError(const A& a, uint32_t code, uint32_t step, int peer, int64_t
   }
 }
 
+// The host side of ipcMismatch (ipc_sync.cuh): code 3, every rank's abort word set; false.
+template <class A>
+bool hostMismatch(const A& a, int peer, uint32_t theirs, uint32_t mine) {
+  hostRecordError(a, 3u, 3u, peer, int64_t(theirs), mine);
+  for (int r = 0; r < a.world; ++r) hostStoreRelease(word(a.buffers[r], kIpcAbortOffset), 1u);
+  return false;
+}
+
 // Spin (yielding) until *flag == value; false when this rank gives up (time-out: recorded, and
 // every rank's abort word set) or a peer already gave up (its abort word).
 template <class A>

@@ -19,15 +19,29 @@ struct BarrierExec {
     __threadfence_system();
     storeRelease(flag, v);
   }
+  __device__ uint32_t load(const uint32_t* flag) const { return loadAcquire(flag); }
   __device__ bool wait(const uint32_t* flag, uint32_t value, uint32_t step, int peer,
                        int64_t index) const {
     return ipcSpinWait(p, flag, value, step, peer, index);
   }
+  __device__ bool mismatch(int peer, uint32_t theirs, uint32_t mine) const {
+    return ipcMismatch(p, peer, theirs, mine);
+  }
 };
 
-__global__ void exchangeBarrier(IpcPeers p, uint32_t index) {
+__global__ void exchangeBarrier(IpcPeers p, uint32_t index, bool check, uint32_t fingerprint) {
   BarrierExec ex{p};
-  ipc::barrier(ex, p.buffers, p.rank, p.world, index);
+  ipc::barrier(ex, p.buffers, p.rank, p.world, index, check, fingerprint);
+}
+
+// A call whose kernels gave up (this rank's abort word is set) leaves no numbers behind: every
+// byte of its message becomes 0xFF, a NaN in fp32, bf16 and fp16. Otherwise nothing is written.
+__global__ void poisonIfAborted(const uint32_t* abortWord, uint8_t* data, int64_t bytes) {
+  if (loadAcquire(abortWord) == 0u) return;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
+    data[b] = 0xFF;
+  }
 }
 
 // The copies of one step of the exchange: every thread of the grid takes its share of each copy
@@ -48,8 +62,19 @@ __global__ void exchangeCopies(IpcCopies copies) {
 
 }  // namespace
 
-cudaError_t ipcBarrier(const IpcPeers& p, uint32_t index, cudaStream_t stream) {
-  QCOMM_LAUNCH(exchangeBarrier, 1, 1, stream)(p, index);
+cudaError_t ipcBarrier(const IpcPeers& p, uint32_t index, const uint32_t* fingerprint,
+                       cudaStream_t stream) {
+  QCOMM_LAUNCH(exchangeBarrier, 1, 1, stream)
+  (p, index, fingerprint != nullptr, fingerprint != nullptr ? *fingerprint : 0u);
+  return cudaGetLastError();
+}
+
+cudaError_t ipcPoisonIfAborted(const IpcPeers& p, uint8_t* data, int64_t bytes,
+                               cudaStream_t stream) {
+  if (bytes <= 0) return cudaSuccess;
+  const uint32_t* abortWord =
+      reinterpret_cast<const uint32_t*>(p.buffers[p.rank] + kIpcAbortOffset);
+  QCOMM_LAUNCH(poisonIfAborted, 4, 256, stream)(abortWord, data, bytes);
   return cudaGetLastError();
 }
 
@@ -74,6 +99,7 @@ cudaError_t ipcPreload() {
   cudaFuncAttributes attr;
   cudaError_t e = cudaFuncGetAttributes(&attr, exchangeBarrier);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, exchangeCopies);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, poisonIfAborted);
   return e;
 #endif
 }

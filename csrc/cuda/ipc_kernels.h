@@ -13,8 +13,17 @@ namespace qcomm {
 namespace gpu {
 
 // One barrier of rank p.rank among p.world ranks over p.buffers (its waits bounded by
-// p.timeoutNs, an error recorded through p.hostError), `index` naming it in an error.
-cudaError_t ipcBarrier(const IpcPeers& p, uint32_t index, cudaStream_t stream);
+// p.timeoutNs, an error recorded through p.hostError), `index` naming it in an error. With a
+// `fingerprint` (a call's first barrier) it also compares the ranks' plan fingerprints, and gives
+// up on every rank when they differ (ipc_barrier.h).
+cudaError_t ipcBarrier(const IpcPeers& p, uint32_t index, const uint32_t* fingerprint,
+                       cudaStream_t stream);
+
+// After a call's kernels: where this rank's abort word is set (a barrier of the call, or of an
+// earlier one, gave up), fills the `bytes` of `data` with 0xFF (NaN in every float dtype), so that
+// a failed call leaves no plausible numbers; else writes nothing. Grid of 4 blocks.
+cudaError_t ipcPoisonIfAborted(const IpcPeers& p, uint8_t* data, int64_t bytes,
+                               cudaStream_t stream);
 
 struct IpcCopy {
   uint8_t* dst;
@@ -46,9 +55,9 @@ struct ExchangeKernels {
     if (pending.count > 0 && error == cudaSuccess) error = ipcCopy(pending, maxBlocks, stream);
     pending.count = 0;
   }
-  bool barrier(uint32_t index) {
+  bool barrier(uint32_t index, const uint32_t* fingerprint = nullptr) {
     flush();
-    if (error == cudaSuccess) error = ipcBarrier(peers, index, stream);
+    if (error == cudaSuccess) error = ipcBarrier(peers, index, fingerprint, stream);
     return true;
   }
   const char* failure() const { return error == cudaSuccess ? "" : cudaGetErrorString(error); }

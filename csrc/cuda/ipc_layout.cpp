@@ -1,6 +1,8 @@
 // The CUDA-IPC buffers' exchange geometry and error sentences (ipc_layout.h).
 #include "cuda/ipc_layout.h"
 
+#include <cstdio>
+
 namespace qcomm {
 
 IpcExchangeGeometry ipcExchangeGeometry(int world, int64_t bufferBytes, std::string* error) {
@@ -36,6 +38,16 @@ std::string describeIpcError(const IpcError& e) {
                         std::to_string(e.tile) + " (epoch " + std::to_string(e.epoch) + ")";
   const std::string after =
       ". This group's CUDA allreduces cannot continue: destroy it and create a new one.";
+  if (e.code == 3) {
+    char prints[64];
+    std::snprintf(prints, sizeof(prints), "%08x here, %08x on rank %u", e.epoch, e.tile, e.peer);
+    return "allreduce (CUDA IPC): the ranks disagree on this call: rank " + std::to_string(e.rank) +
+           "'s plan fingerprint differs from rank " + std::to_string(e.peer) + "'s (" + prints +
+           "): the numel, dtype, op or QuantConfig differs, or a rank made a quantized CUDA "
+           "allreduce that another did not. Every rank must make the same calls in the same "
+           "order; QCOMM_DEBUG=CHECK names the field that differs (a host exchange per call)" +
+           after;
+  }
   if (e.code == 1) {
     return "allreduce (CUDA IPC): rank " + std::to_string(e.rank) + " timed out in the " + step +
            where + "; a peer may have died, stopped, or called a different collective" + after;

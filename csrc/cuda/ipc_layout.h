@@ -26,6 +26,10 @@ constexpr int64_t kIpcDataOffset = kIpcGatherFlagsOffset + kIpcFlagBytes;
 // the abort word a rank that gives up sets in every peer's buffer so their spins end at once.
 constexpr int64_t kIpcEpochOffset = 0;
 constexpr int64_t kIpcAbortOffset = 64;
+// The call fingerprints of the separate kernels (ipc_barrier.h): word [src] holds the fingerprint
+// of the plan (csrc/plan/plan.h planFingerprint) with which rank src entered its last call's first
+// barrier, written by src before it releases that barrier's flag, read by the owner after.
+constexpr int64_t kIpcFingerprintOffset = 96;
 // the word a rank's first error claims (in device memory: atomics on host-mapped memory are not
 // atomic everywhere) before it writes the record to host-mapped memory
 constexpr int64_t kIpcErrorClaimOffset = 128;
@@ -37,15 +41,21 @@ constexpr int64_t kIpcErrorClaimOffset = 128;
 constexpr int64_t kIpcBarrierCountOffset = 160;
 constexpr int64_t kIpcBarrierFlagsOffset = 192;
 static_assert(kIpcBarrierFlagsOffset + 2 * 8 * 4 <= 256, "the barrier flags fit the control words");
+static_assert(kIpcFingerprintOffset >= kIpcAbortOffset + 4 &&
+                  kIpcFingerprintOffset + kIpcMaxRanks * 4 <= kIpcErrorClaimOffset,
+              "the fingerprints fit between the abort word and the error claim");
 
 // What a rank that gives up writes to host-mapped memory (first error wins; code 0 = none).
 struct IpcError {
-  uint32_t code;   // 1: timed out waiting for a peer; 2: a peer gave up (abort word set)
+  uint32_t code;   // 1: timed out waiting for a peer; 2: a peer gave up (abort word set);
+                   // 3: a peer's call differs from this rank's (its plan fingerprint)
   uint32_t step;   // 1: reduce phase (waiting for a peer's tile), 2: gather phase (both of the
                    // fused experiment), 3: a barrier of the separate kernels
   uint32_t peer;   // the rank waited for
-  uint32_t tile;   // the tile index within the chunk (step 3: the barrier's index in its call)
-  uint32_t epoch;  // the piece's epoch (step 3: the barrier's number since set-up)
+  uint32_t tile;   // the tile index within the chunk (step 3: the barrier's index in its call;
+                   // code 3: the peer's fingerprint)
+  uint32_t epoch;  // the piece's epoch (step 3: the barrier's number since set-up; code 3: this
+                   // rank's fingerprint)
   uint32_t rank;   // the rank that gave up
 };
 

@@ -57,6 +57,15 @@ __device__ void ipcRecordError(const A& a, uint32_t code, uint32_t step, int pee
   }
 }
 
+// Record that peer's call differs from this rank's (code 3: their and this rank's plan
+// fingerprints) and set every rank's abort word, so that every rank's kernels stop. Returns false.
+template <class A>
+__device__ bool ipcMismatch(const A& a, int peer, uint32_t theirs, uint32_t mine) {
+  ipcRecordError(a, 3u, 3u, peer, int64_t(theirs), mine);
+  for (int r = 0; r < a.world; ++r) storeRelease(ipcWord(a.buffers[r], kIpcAbortOffset), 1u);
+  return false;
+}
+
 // Spin until *flag == value; false when this rank gives up (time-out: recorded, and every rank's
 // abort word set) or a peer already gave up.
 template <class A>

@@ -124,6 +124,17 @@ PlanHeader headerOf(const Plan& p) {
                      p.rotate ? 1 : 0, p.stochastic ? 1 : 0, p.shadow}};
 }
 
+uint32_t planFingerprint(const Plan& p) {
+  const PlanHeader h = headerOf(p);
+  uint32_t x = 2166136261u;  // FNV-1a, 32 bits
+  auto mix = [&x](uint64_t v) {
+    for (int i = 0; i < 8; ++i, v >>= 8) x = (x ^ uint32_t(v & 0xFFu)) * 16777619u;
+  };
+  for (int f = 0; f < PlanHeader::kFields; ++f) mix(uint64_t(h.field[f]));
+  mix(uint64_t(p.callSeq));
+  return x;
+}
+
 std::string describeMismatch(const std::vector<PlanHeader>& headers) {
   for (int f = 0; f < PlanHeader::kFields; ++f) {
     for (size_t r = 1; r < headers.size(); ++r) {

@@ -97,6 +97,12 @@ struct PlanHeader {
 
 PlanHeader headerOf(const Plan& p);
 
+// A 32-bit digest of the call: its header and its call number (callSeq). The CUDA-IPC transport
+// compares it across ranks in the call's first barrier instead of exchanging headers on the host
+// (ipc_barrier.h): equal headers and call numbers give equal fingerprints; different ones differ
+// but for a chance of about 2^-32 (FNV-1a over the fields).
+uint32_t planFingerprint(const Plan& p);
+
 // Empty when all headers agree; otherwise a sentence naming the first field that differs and the
 // ranks and values involved.
 std::string describeMismatch(const std::vector<PlanHeader>& headers);

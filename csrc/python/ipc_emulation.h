@@ -12,9 +12,14 @@
 
 namespace qcomm {
 
-// One barrier on host buffers, by this thread as rank p.rank, bounded by p.timeoutNs; false when
-// it gave up (the error is in p.hostError, host memory shared by the ranks).
-bool ipcBarrierEmulate(const IpcPeers& p, uint32_t index);
+// One barrier on host buffers, by this thread as rank p.rank, bounded by p.timeoutNs; with a
+// fingerprint it compares the ranks' (a call's first barrier); false when it gave up (the error is
+// in p.hostError, host memory shared by the ranks).
+bool ipcBarrierEmulate(const IpcPeers& p, uint32_t index, const uint32_t* fingerprint = nullptr);
+
+// The host side of gpu::ipcPoisonIfAborted: every byte of `data` 0xFF if this rank's abort word is
+// set.
+void ipcPoisonIfAbortedEmulate(const IpcPeers& p, uint8_t* data, int64_t bytes);
 
 // The host executor of the exchange: memcpy, and the barrier above.
 struct HostCopies {
@@ -23,7 +28,9 @@ struct HostCopies {
     std::memcpy(dst, src, size_t(bytes));
   }
   void flush() {}
-  bool barrier(uint32_t index) { return ipcBarrierEmulate(peers, index); }
+  bool barrier(uint32_t index, const uint32_t* fingerprint = nullptr) {
+    return ipcBarrierEmulate(peers, index, fingerprint);
+  }
   const char* failure() const { return ""; }
 };
 

@@ -249,9 +249,9 @@ class CountCpuAllocations {
 // first barrier (the start of the call's first exchange) runs.
 struct CountingHostCopies : HostCopies {
   int64_t atFirstBarrier = -1;
-  bool barrier(uint32_t index) {
+  bool barrier(uint32_t index, const uint32_t* fingerprint = nullptr) {
     if (atFirstBarrier < 0) atFirstBarrier = tlCpuAllocations;
-    return HostCopies::barrier(index);
+    return HostCopies::barrier(index, fingerprint);
   }
 };
 
@@ -259,14 +259,28 @@ struct CountingHostCopies : HostCopies {
 // (QCOMM_IPC_KERNELS=separate) run on host memory: the algorithm's schedule with the CPU codec, its
 // exchanges copied through `buffers` (one zeroed byte tensor per rank, kept across calls so the
 // barrier counts carry on) by the schedule of ipc_exchange.h, one thread per rank of `ranks`
-// (default all), in place on `inputs`.
+// (default all), in place on `inputs`. As the backend's: the call's first barrier compares the
+// ranks' plan fingerprints, and a rank whose barriers gave up leaves 0xFF bytes (NaN) in its
+// output. Tests of mismatched calls give ranks inputs of different numels or dtypes, their own
+// configs (`rank_configs`) or call numbers (`rank_seqs`).
 std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
                                            std::vector<at::Tensor> buffers, py::tuple cfg,
                                            bool average, uint32_t callSeq, int64_t timeoutMs,
-                                           std::vector<int> ranks) {
+                                           std::vector<int> ranks, std::vector<uint32_t> rankSeqs,
+                                           std::vector<py::tuple> rankConfigs) {
   const int world = int(inputs.size());
-  const Plan plan =
-      emulatedPlan("ipc_separate_emulate", inputs, buffers, cfg, average, callSeq, true);
+  TORCH_CHECK_VALUE(rankSeqs.empty() || int(rankSeqs.size()) == world,
+                    "ipc_separate_emulate: rank_seqs needs one call number per rank");
+  TORCH_CHECK_VALUE(rankConfigs.empty() || int(rankConfigs.size()) == world,
+                    "ipc_separate_emulate: rank_configs needs one config per rank");
+  // each rank's plan, from its own input, config and call number
+  std::vector<Plan> plans;
+  for (int r = 0; r < world; ++r) {
+    const std::vector<at::Tensor> mine(size_t(world), inputs[size_t(r)]);
+    plans.push_back(emulatedPlan("ipc_separate_emulate", mine, buffers,
+                                 rankConfigs.empty() ? cfg : rankConfigs[size_t(r)], average,
+                                 rankSeqs.empty() ? callSeq : rankSeqs[size_t(r)], true));
+  }
   std::string why;
   const IpcExchangeGeometry g = ipcExchangeGeometry(world, buffers[0].numel(), &why);
   TORCH_CHECK_VALUE(why.empty(), "ipc_separate_emulate: ", why);
@@ -280,9 +294,10 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
   // a rotated message that ends inside a group runs on copies padded with zeros to whole groups
   // (as the backend's), made before the calls begin and copied back after
   std::vector<at::Tensor> data = inputs;
-  const bool padded = needsPadding(plan);
-  if (padded) {
-    for (int r : ranks) data[size_t(r)] = paddedCopy(plan, inputs[size_t(r)]);
+  for (int r : ranks) {
+    if (needsPadding(plans[size_t(r)])) {
+      data[size_t(r)] = paddedCopy(plans[size_t(r)], inputs[size_t(r)]);
+    }
   }
   {
     py::gil_scoped_release noGil;
@@ -291,16 +306,18 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
     for (size_t i = 0; i < ranks.size(); ++i) {
       threads.emplace_back([&, i]() {
         const int r = ranks[i];
+        IpcPeers peers{};
+        for (int q = 0; q < world; ++q) peers.buffers[q] = bufferPtrs[size_t(q)];
+        peers.world = world;
+        peers.rank = r;
+        peers.timeoutNs = timeoutMs * 1000000;
+        peers.hostError = &error;
         try {
-          IpcPeers peers{};
-          for (int q = 0; q < world; ++q) peers.buffers[q] = bufferPtrs[size_t(q)];
-          peers.world = world;
-          peers.rank = r;
-          peers.timeoutNs = timeoutMs * 1000000;
-          peers.hostError = &error;
+          const Plan& plan = plans[size_t(r)];
           CountingHostCopies copies;
           copies.peers = peers;
-          IpcExchangeTransport<CountingHostCopies> t(copies, g, bufferPtrs.data(), r, world);
+          IpcExchangeTransport<CountingHostCopies> t(copies, g, bufferPtrs.data(), r, world,
+                                                     planFingerprint(plan));
           CpuCodecOps ops;
           const int64_t before = tlCpuAllocations;
           runAllreduce(plan, t, ops, data[size_t(r)]);
@@ -312,15 +329,24 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
         } catch (const std::exception& e) {
           failed[i] = e.what();
         }
+        // the kernels run to the end of the call whatever gave up; here the host stopped at the
+        // barrier that did, and the end check runs as it would after them
+        at::Tensor& out = data[size_t(r)];
+        ipcPoisonIfAbortedEmulate(peers, static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
       });
     }
     for (auto& t : threads) t.join();
   }
-  TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error));
-  for (const std::string& f : failed) TORCH_CHECK(f.empty(), f);
-  if (padded) {
-    for (int r : ranks) copyUnpadded(plan, data[size_t(r)], inputs[size_t(r)]);
+  for (int r : ranks) {
+    if (!data[size_t(r)].is_same(inputs[size_t(r)])) {
+      copyUnpadded(plans[size_t(r)], data[size_t(r)], inputs[size_t(r)]);
+    }
   }
+  int gaveUp = 0;
+  for (const std::string& f : failed) gaveUp += f.empty() ? 0 : 1;
+  TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error), " (",
+              gaveUp, " of ", ranks.size(), " ranks stopped)");
+  for (const std::string& f : failed) TORCH_CHECK(f.empty(), f);
   return inputs;
 }
 
@@ -358,6 +384,24 @@ void registerTesting(py::module& m, py::object backendBase) {
       },
       py::arg("world"), py::arg("stream_ordered") = false);
   m.def("tune_decide", &decideTuning, py::arg("seconds"), py::arg("margin"));
+  // the call fingerprint the CUDA-IPC barrier compares (plan.h planFingerprint), of the plan a
+  // call of `numel` elements of `dtype` would have on `world` ranks
+  m.def(
+      "plan_fingerprint",
+      [](py::tuple cfg, int64_t numel, at::ScalarType dtype, bool average, uint32_t callSeq,
+         int world) {
+        CallFacts f;
+        f.numel = numel;
+        f.dtype = dtypeCode(dtype);
+        f.opSum = !average;
+        f.opAvg = average;
+        f.world = world;
+        Plan plan = makePlan(f, configFromTuple(cfg));
+        plan.callSeq = callSeq;
+        return planFingerprint(plan);
+      },
+      py::arg("config"), py::arg("numel"), py::arg("dtype"), py::arg("average") = false,
+      py::arg("call_seq") = 0, py::arg("world") = 2);
   m.def("tune_keep_after_first_run", &keepAfterFirstRun, py::arg("seconds"), py::arg("factor"));
   m.def(
       "set_tune_timing_factors",
@@ -377,7 +421,9 @@ void registerTesting(py::module& m, py::object backendBase) {
         py::call_guard<py::gil_scoped_release>());
   m.def("ipc_separate_emulate", &ipcSeparateEmulate, py::arg("inputs"), py::arg("buffers"),
         py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,
-        py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{});
+        py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{},
+        py::arg("rank_seqs") = std::vector<uint32_t>{},
+        py::arg("rank_configs") = std::vector<py::tuple>{});
   m.def(
       "ipc_exchange_geometry",
       [](int world, int64_t bufferBytes) {

@@ -356,7 +356,8 @@ IpcPeers IpcTransport::peers(std::chrono::milliseconds timeout) const {
 }
 
 std::unique_ptr<Transport> IpcTransport::exchanges(cudaStream_t stream,
-                                                   std::chrono::milliseconds timeout) {
+                                                   std::chrono::milliseconds timeout,
+                                                   uint32_t fingerprint) {
   std::string why;
   const IpcExchangeGeometry g = ipcExchangeGeometry(world_, bufferBytes_, &why);
   TORCH_CHECK_VALUE(why.empty(), rankPrefix(rank_, world_), "allreduce: ", why);
@@ -364,7 +365,14 @@ std::unique_ptr<Transport> IpcTransport::exchanges(cudaStream_t stream,
   (void)cudaGetLastError();
   gpu::ExchangeKernels kernels{peers(timeout), stream, 2 * smCount_};
   return std::make_unique<IpcExchangeTransport<gpu::ExchangeKernels>>(kernels, g, peers_, rank_,
-                                                                      world_);
+                                                                      world_, fingerprint);
+}
+
+void IpcTransport::poisonIfAborted(uint8_t* data, int64_t bytes, cudaStream_t stream) const {
+  const cudaError_t e =
+      gpu::ipcPoisonIfAborted(peers(std::chrono::milliseconds(0)), data, bytes, stream);
+  TORCH_CHECK(e == cudaSuccess, rankPrefix(rank_, world_),
+              "allreduce: launching the CUDA-IPC call's end check failed: ", cudaGetErrorString(e));
 }
 
 void IpcTransport::ended(cudaStream_t stream, bool eager, const std::string& cause) {

@@ -49,8 +49,14 @@ class IpcTransport {
 
   // The exchanges of one call (all-to-all, all-gather and point-to-point legs) as copy and barrier
   // kernels on `stream` through the buffers; the caller has called checkError() first and made
-  // `stream` current. It allocates nothing once its first exchange has begun.
-  std::unique_ptr<Transport> exchanges(cudaStream_t stream, std::chrono::milliseconds timeout);
+  // `stream` current. It allocates nothing once its first exchange has begun. The call's first
+  // barrier compares `fingerprint` (planFingerprint) across the ranks: ranks whose calls differ
+  // give up there (an error on every rank, code 3), before any byte is copied.
+  std::unique_ptr<Transport> exchanges(cudaStream_t stream, std::chrono::milliseconds timeout,
+                                       uint32_t fingerprint);
+  // Enqueued after a call's kernels: if this rank's kernels gave up (its abort word), every byte of
+  // `data` becomes 0xFF (NaN), so a failed call leaves no plausible numbers behind.
+  void poisonIfAborted(uint8_t* data, int64_t bytes, cudaStream_t stream) const;
   // The call's launches are enqueued on `stream` (eager: outside CUDA graph capture), or failed
   // part-way with `cause` (non-empty): teardown will wait for what was enqueued; a failure stops
   // every rank's kernels and raises, and after an eager one the group cannot continue.

@@ -10,13 +10,14 @@
 //
 // A call starts with a barrier, before its first copy (begin(), or the first run()): every rank
 // has finished reading the previous call's parts in its buffer (copies out, or the decodes that
-// read them where they landed), so its peers may write into it. What the caller enqueues before
-// the first exchange (its allocations, the reduce phase's encodes) comes before that barrier, so
-// nothing a rank does on the host while a peer's barrier waits for it is part of the call. The
-// barrier is global (every rank enters every one), and every rank runs the same exchanges in the
-// same order with the same number of rounds (the plan is the same everywhere). Each exchange
-// moves every rank's parts in rounds of at most roundBytes per part (ipcExchangeGeometry), round
-// r through half r % 2 of the data regions, counted over the call:
+// read them where they landed), so its peers may write into it. That barrier also compares the
+// ranks' plan fingerprints: ranks whose calls differ give up there, before any copy. What the
+// caller enqueues before the first exchange (its allocations, the reduce phase's encodes) comes
+// before that barrier, so nothing a rank does on the host while a peer's barrier waits for it is
+// part of the call. The barrier is global (every rank enters every one), and every rank runs the
+// same exchanges in the same order with the same number of rounds (the plan is the same
+// everywhere). Each exchange moves every rank's parts in rounds of at most roundBytes per part
+// (ipcExchangeGeometry), round r through half r % 2 of the data regions, counted over the call:
 //   1. copy: this rank's part for rank j into rank j's current half, at [this rank * roundBytes]
 //      (all-to-all and all-gather: to every peer, in rotated order rank + 1, rank + 2, ..., and its
 //      own part straight into `out`; legs: to the peer of each sending leg);
@@ -55,18 +56,23 @@ struct Leg {
 };
 
 // Each executor `ex` provides copy(dst, src, bytes) (it may hold copies back until the next
-// flush() or barrier), flush(), barrier(index) (after the copies before it; false: it gave up,
-// the error is recorded), and failure(): why a launch failed, "" when none did.
+// flush() or barrier), flush(), barrier(index, fingerprint) (after the copies before it; with a
+// fingerprint, the call's first, which also compares the ranks' plan fingerprints; false: it gave
+// up, the error is recorded), and failure(): why a launch failed, "" when none did.
 template <class Exec>
 class CopySchedule {
  public:
-  CopySchedule(Exec& ex, const IpcExchangeGeometry& g, uint8_t* const* buffers, int rank, int world)
-      : ex_(ex), g_(g), buffers_(buffers), rank_(rank), world_(world) {}
+  // `fingerprint`: the call's plan's (planFingerprint, csrc/plan/plan.h), compared across the ranks
+  // in the call's first barrier (ipc_barrier.h), before any rank writes into a peer's data region.
+  CopySchedule(Exec& ex, const IpcExchangeGeometry& g, uint8_t* const* buffers, int rank, int world,
+               uint32_t fingerprint = 0)
+      : ex_(ex), g_(g), buffers_(buffers), rank_(rank), world_(world), fingerprint_(fingerprint) {}
 
-  // The call's first barrier (once; the first run() enters it if begin() was not called).
+  // The call's first barrier (once; the first run() enters it if begin() was not called): every
+  // rank has finished with the previous call's parts, and every rank's call has this fingerprint.
   bool begin() {
     if (barriers_ > 0) return true;
-    return ex_.barrier(barriers_++);
+    return ex_.barrier(barriers_++, &fingerprint_);
   }
 
   // Rank j receives slot j of every rank's `in` (world slots of slotBytes) as its slot i from
@@ -156,6 +162,7 @@ class CopySchedule {
   IpcExchangeGeometry g_;
   uint8_t* const* buffers_;
   int rank_, world_;
+  uint32_t fingerprint_;
   int64_t round_ = 0;      // rounds of this call so far (the half: round_ % 2)
   uint32_t barriers_ = 0;  // barriers of this call so far (names them in errors)
 };
@@ -172,8 +179,10 @@ template <class Exec>
 class IpcExchangeTransport final : public Transport {
  public:
   IpcExchangeTransport(Exec ex, const IpcExchangeGeometry& g, uint8_t* const* buffers, int rank,
-                       int world)
-      : Transport(rank, world), ex_(std::move(ex)), schedule_(ex_, g, buffers, rank, world) {}
+                       int world, uint32_t fingerprint = 0)
+      : Transport(rank, world),
+        ex_(std::move(ex)),
+        schedule_(ex_, g, buffers, rank, world, fingerprint) {}
 
   const Exec& executor() const { return ex_; }
 

@@ -4,6 +4,7 @@ quantize but which passed its first 100 eligible allreduces through says so once
 
 import re
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -23,8 +24,9 @@ def _log_worker(rank, world):
     return qcomm.stats()["quantized_calls"]
 
 
-def test_the_decision_log_says_once_what_each_size_class_does(capfd):
-    assert run_ranks(_log_worker, 2, env={"QCOMM_DEBUG": "INFO"}) == [3, 3]
+@pytest.mark.parametrize("level", ["INFO", "CHECK"])  # CHECK: INFO's log and the host checks
+def test_the_decision_log_says_once_what_each_size_class_does(capfd, level):
+    assert run_ranks(_log_worker, 2, env={"QCOMM_DEBUG": level}) == [3, 3]
     err = capfd.readouterr().err
     lines = [x for x in err.splitlines() if "INFO allreduce" in x]
     assert len(lines) == 5, lines  # 4 KiB, 2 MiB, int64; the quiet group's 1 KiB; its summary

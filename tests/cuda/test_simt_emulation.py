@@ -81,6 +81,10 @@ def test_exchange_kernels_deliver_every_byte_under_emulation(build_dir):
     assert rc == 0, out[-4000:]
     assert out.count("every byte delivered") == 6, out[-4000:]  # 5 calls + summary
     assert "timed out in the separate kernels' barrier 0 of its call waiting for rank 2" in out
+    # ranks whose calls differ: every rank stops in its first barrier, one names both
+    # fingerprints, and the end check fills the messages with 0xFF
+    assert out.count("exchange kernels, mismatch: rank ") == 3, out[-4000:]
+    assert "plan fingerprint differs from rank" in out and "0badf00d" in out, out[-4000:]
     assert "simt:" not in out, out[-4000:]
 
 

@@ -74,7 +74,9 @@ bool exchangeCalls(const char* what, int world, int64_t part, const std::vector<
         p.timeoutNs = int64_t(120) * 1000000000;
         p.hostError = &err[size_t(r)];
         Copies c{p};
-        ipc::CopySchedule<Copies> x(c, g, c.peers.buffers, r, world);
+        // every rank's call has the same fingerprint (a new one each call): the first barrier
+        // compares them and must pass
+        ipc::CopySchedule<Copies> x(c, g, c.peers.buffers, r, world, uint32_t(call * 7919 + 1));
         std::vector<const uint8_t*> parts(static_cast<size_t>(world));
         // what the caller does before the next exchange: read every part where it lies (a slot
         // of one round stays in the buffers), here into got / ggot

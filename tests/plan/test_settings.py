@@ -62,7 +62,7 @@ def test_settings_lists_values_and_sources(monkeypatch):
         ("QCOMM_IPC_BUFFER_MB", "lots", "an integer from 1 to 65536"),
         ("QCOMM_CUDA_QUANTIZE", "2", "1/0, true/false, yes/no, on/off"),
         ("QCOMM_CUDA_FULL_GRID", "2", "auto, 0, 1"),
-        ("QCOMM_DEBUG", "LOUD", "WARN, INFO"),
+        ("QCOMM_DEBUG", "LOUD", "WARN, INFO, CHECK"),
         ("QCOMM_GROUP_SIZE", "96", "a power of two from 32 to 1024"),
     ],
 )

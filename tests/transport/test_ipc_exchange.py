@@ -13,6 +13,7 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -164,6 +165,52 @@ def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging(
         )
     # the abort word is set in every rank's buffer: the peers stop at once, not after a time-out
     assert all(b[64:68].view(torch.int32).item() == 1 for b in bufs)
+
+
+@pytest.mark.parametrize("algorithm", ["two_step", "ring", "semi_ring"])
+def test_ipc_separate_kernels_emulated_refuse_a_mismatched_call_on_every_rank(algorithm):
+    # no header exchange on the host: the call's first barrier compares the ranks' plan
+    # fingerprints. A call that differs on one rank (numel, dtype, bits, or its call number: a
+    # rank that made one quantized call more) stops every rank there, at once (not at the
+    # time-out), and leaves NaN in every rank's output, not numbers
+    world = 3
+    cfg = qcomm.QuantConfig(algorithm=algorithm, min_bytes=0)
+    other_bits = qcomm.QuantConfig(algorithm=algorithm, min_bytes=0, rs_bits=4, ag_bits=4)
+    cases = {
+        "numel": dict(numels=[20000, 20001, 20000]),
+        "dtype": dict(dtypes=[torch.float32, torch.float32, torch.bfloat16]),
+        "bits": dict(rank_configs=[other_bits.as_tuple()] + [cfg.as_tuple()] * 2),
+        "call number": dict(rank_seqs=[5, 5, 6]),
+    }
+    for what, case in cases.items():
+        bufs = [torch.zeros(1 << 20, dtype=torch.uint8) for _ in range(world)]
+        numels = case.get("numels", [20000] * world)
+        dtypes = case.get("dtypes", [torch.float32] * world)
+        outs = [inputs(1, n, dt, 3 + r)[0].clone() for r, (n, dt) in enumerate(zip(numels, dtypes))]
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError) as e:
+            qcomm._C._testing.ipc_separate_emulate(
+                outs,
+                bufs,
+                cfg.as_tuple(),
+                call_seq=5,
+                timeout_ms=60000,
+                rank_seqs=case.get("rank_seqs", []),
+                rank_configs=case.get("rank_configs", []),
+            )
+        took = time.monotonic() - t0
+        msg = str(e.value)
+        assert "the ranks disagree on this call" in msg and "plan fingerprint" in msg, (what, msg)
+        assert "QCOMM_DEBUG=CHECK" in msg and "(3 of 3 ranks stopped)" in msg, (what, msg)
+        assert took < 30, (what, took)  # far below the 60 s bound: nobody waited for it
+        for r, o in enumerate(outs):
+            assert torch.isnan(o).all(), (what, r)
+        # the abort word stays set: the next call on these buffers stops too (the backend refuses
+        # it before that, naming this error)
+        with pytest.raises(RuntimeError, match="a peer gave up|disagree"):
+            qcomm._C._testing.ipc_separate_emulate(
+                [inputs(1, 100, torch.float32, 9)[0] for _ in range(world)], bufs, cfg.as_tuple()
+            )
 
 
 def test_ipc_exchange_has_no_data_race():
