@@ -16,7 +16,14 @@
 #   (e) the NCCL transport at world size 1;
 #   (f) the codec kernels' hardware counters under Nsight Compute, where ncu may read them;
 #   (g) the set-up's agreement on settings and calls on different streams, the 4-rank benchmark,
-#       the cost model on what this call measured, and the build's tests (SASS counts).
+#       the cost model on what this call measured, and the build's tests (SASS counts);
+#   (h) under torchrun, qnccl against NCCL's bf16 allreduce, nccl-tests style
+#       (benchmarks/allreduce_sweep.py --device cuda: int8, int6 = 4/8, int4; two_step and ring
+#       over IPC and over NCCL; speed-up, error, the cost model's prediction, PNGs), and the
+#       tuner (python -m qcomm.tune). With 2+ GPUs one rank a GPU; with one GPU 2 ranks share it,
+#       IPC only, and the summary says that the cross-GPU part needs 2+ GPUs. Optional, in what
+#       is left: with the default DEADLINE the steps before may leave it nothing, so on a machine
+#       not held to 8 minutes give it room (DEADLINE=700; QUICK=1 also frees time).
 # EXPERIMENTS=1 builds with QCOMM_EXPERIMENTS=1 and adds the fused two_step experiment
 # (csrc/experiments/ipc_fused/): its benchmark in (b) and a table beside the separate kernels',
 # its tests (tests/experiments/test_ipc_fused.py) in (d), and in (g) where its time goes (one
@@ -52,7 +59,12 @@
 # benchmark (45, ~10), the cost model (30, ~5), the build's tests (60, ~9); with EXPERIMENTS=1
 # also four fused runs (cap 30 each, ~6), other-shape tests (60; 3 run_ranks, ~32), the fused
 # set-up tests (150; 4 run_ranks, ~35), a fused 4-rank benchmark (45) and its cost model (30).
-# The last step ends by DEADLINE + 10 s = 460 s, under the 8 minutes with ~20 s for the table
+# Then (h), optional: the GPU count (20, ~5), the sweep (150; ~40 with 2 ranks on one GPU at
+# SWEEP_SIZES=1M,16M,256M: ~15 to start torchrun's ranks, 18 configurations of 6 calls, each
+# call's output broadcast through Gloo to compare bits; more with 8 GPUs: 39 configurations), its
+# table from the CSV (30, ~5) and, with 2+ GPUs, the tuner (60, ~15: 1-16 MiB classes). These
+# are estimates from the code, not timings. Every cap is cut to what is left before the deadline,
+# so the last step ends by DEADLINE + 10 s = 460 s, under the 8 minutes with ~20 s for the table
 # and packing.
 #
 # The device tool brings back at most 8 files from $OUT: logs and intermediate CSVs are written
@@ -415,6 +427,55 @@ fi
 if [ "$QUICK" != 1 ]; then
   step "tests: the build (sm_90 compiled, SASS counts)"
   run_step 60 "$LOGS/tests.log" "${PYTEST[@]}" tests/cuda/test_build.py
+fi
+
+# ---- (h) nccl-tests-style: qnccl against NCCL under torchrun (benchmarks/allreduce_sweep.py),
+# then the tuner; optional (measurements), in what the deadline leaves. With 2+ GPUs one rank a
+# GPU (at most 8): the NCCL baseline, transports ipc and nccl, and the cost model's prediction
+# beside each row (link SWEEP_LINK, default nvlink=370; the kernel times (a) measured, else the
+# H200's in benchmarks/data). With one GPU, 2 ranks share it: IPC only, no baseline, no tuner.
+# SWEEP_SIZES widens the sizes (the sweep's own default is 1M..1G). Its CSV and PNGs go to the
+# details; its table, rendered from the CSV (a cut run's finished rows too), to summary.txt.
+SWEEP_SIZES="${SWEEP_SIZES:-1M,16M,256M}"
+GPUS=0
+probe=$(budget 20)  # past the deadline every step below is skipped anyway
+[ "$probe" -gt 0 ] && GPUS=$(timeout -k 5 "$probe" "$PY" -c \
+  "import torch; print(torch.cuda.device_count())" 2>/dev/null)
+[[ "$GPUS" =~ ^[0-9]+$ ]] || GPUS=0
+SWEEP=(benchmarks/allreduce_sweep.py --device cuda --sizes "$SWEEP_SIZES" --bits "8/8,4/8,4/4"
+  --algorithms "two_step,ring" --transports "ipc,nccl" --csv "$LOGS/allreduce_sweep.csv"
+  --plot-dir '')
+if [ "$GPUS" -ge 2 ]; then
+  NPROC=$((GPUS < 8 ? GPUS : 8))
+  KERNEL_CSV=benchmarks/data/h200_codec_kernels.csv
+  [ -s "$OUT/codec_kernels.csv" ] && KERNEL_CSV="$OUT/codec_kernels.csv"
+  SWEEP+=(--predict "${SWEEP_LINK:-nvlink=370}" --kernel-csv "$KERNEL_CSV")
+  what="$NPROC ranks, one a GPU: against NCCL, over ipc and nccl"
+else
+  NPROC=2
+  what="2 ranks share the GPU, IPC only: the cross-GPU part needs 2+ GPUs"
+  [ "$GPUS" -eq 0 ] && what="no GPU found"
+fi
+step "allreduce sweep under torchrun ($what; $SWEEP_SIZES)"
+OPTIONAL=1 run_step 150 "$LOGS/sweep.txt" "$PY" -m torch.distributed.run --standalone \
+  --nproc_per_node="$NPROC" "${SWEEP[@]}"
+render=$(budget 30)
+if [ -s "$LOGS/allreduce_sweep.csv" ] && [ "$render" -gt 0 ]; then
+  grep -E '^# (GPU|note|pred)' "$LOGS/sweep.txt" | tee -a "$OUT/summary.txt"
+  timeout -k 10 "$render" "$PY" benchmarks/allreduce_sweep.py \
+    --from-csv "$LOGS/allreduce_sweep.csv" --plot-dir "$LOGS/sweep" 2>&1 \
+    | tee -a "$LOGS/sweep.txt" >>"$OUT/summary.txt"
+fi
+
+step "the tuner under torchrun (python -m qcomm.tune)"
+if [ "$GPUS" -ge 2 ]; then
+  # one rank a GPU, as NCCL needs (the exact candidate is NCCL's allreduce): the CUDA choices.
+  OPTIONAL=1 run_step 60 "$LOGS/tune.txt" "$PY" -m torch.distributed.run --standalone \
+    --nproc_per_node="$NPROC" -m qcomm.tune --device cuda --dtypes bfloat16 --max-size 16M
+  grep -E 'qcomm.tune:|choice|MiB|tuning took' "$LOGS/tune.txt" | tee -a "$OUT/summary.txt"
+else
+  note "skipped: the tuner's run is for 2+ GPUs, one rank a GPU (GPUs found: $GPUS)"
+  RESULTS+=("| $CURRENT | not available ($GPUS GPUs) | 0 |")
 fi
 
 result=PASS

@@ -280,3 +280,15 @@ def test_the_command_line_prints_the_table_and_writes_the_cache(tmp_path):
     assert "tuning took" in r.stdout and str(tmp_path / "tune.json") in r.stdout
     assert len(json.load(open(tmp_path / "tune.json"))["entries"]) == 2
     assert callable(qcomm.tune)
+
+
+def test_the_command_line_refuses_cuda_without_torchrun_or_a_gpu(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env.update(PYTHONPATH=ROOT, **_env(tmp_path))
+    cmd = [sys.executable, "-m", "qcomm.tune", "--device", "cuda"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "runs under torchrun" in r.stderr, r.stderr[-2000:]
+    if not torch.cuda.is_available():  # under torchrun's variables: the GPU is what is missing
+        env.update(RANK="0", WORLD_SIZE="1")
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 2 and "needs a CUDA device" in r.stderr, r.stderr[-2000:]
