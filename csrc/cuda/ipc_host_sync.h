@@ -34,10 +34,10 @@ void hostRecordError(const A& a, uint32_t code, uint32_t step, int peer, int64_t
   }
 }
 
-// The host side of ipcMismatch (ipc_sync.cuh): code 3, every rank's abort word set; false.
+// The host side of ipcGiveUp (ipc_sync.cuh): recorded, every rank's abort word set; false.
 template <class A>
-bool hostMismatch(const A& a, int peer, uint32_t theirs, uint32_t mine) {
-  hostRecordError(a, 3u, 3u, peer, int64_t(theirs), mine);
+bool hostGiveUp(const A& a, uint32_t code, uint32_t step, int peer, int64_t tile, uint32_t epoch) {
+  hostRecordError(a, code, step, peer, tile, epoch);
   for (int r = 0; r < a.world; ++r) hostStoreRelease(word(a.buffers[r], kIpcAbortOffset), 1u);
   return false;
 }
@@ -57,11 +57,7 @@ bool hostSpinWait(const A& a, const uint32_t* flag, uint32_t value, uint32_t ste
     }
     const auto waited = std::chrono::steady_clock::now() - start;
     if (std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count() > a.timeoutNs) {
-      hostRecordError(a, 1u, step, peer, tile, value);
-      for (int r = 0; r < a.world; ++r) {
-        hostStoreRelease(word(a.buffers[r], kIpcAbortOffset), 1u);
-      }
-      return false;
+      return hostGiveUp(a, 1u, step, peer, tile, value);
     }
     std::this_thread::yield();
   }

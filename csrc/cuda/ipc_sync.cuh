@@ -57,11 +57,12 @@ __device__ void ipcRecordError(const A& a, uint32_t code, uint32_t step, int pee
   }
 }
 
-// Record that peer's call differs from this rank's (code 3: their and this rank's plan
-// fingerprints) and set every rank's abort word, so that every rank's kernels stop. Returns false.
+// This rank gives up first (a time-out, code 1; a call that differs, code 3): record it and set
+// every rank's abort word, so that every rank's kernels stop. Returns false.
 template <class A>
-__device__ bool ipcMismatch(const A& a, int peer, uint32_t theirs, uint32_t mine) {
-  ipcRecordError(a, 3u, 3u, peer, int64_t(theirs), mine);
+__device__ bool ipcGiveUp(const A& a, uint32_t code, uint32_t step, int peer, int64_t tile,
+                          uint32_t epoch) {
+  ipcRecordError(a, code, step, peer, tile, epoch);
   for (int r = 0; r < a.world; ++r) storeRelease(ipcWord(a.buffers[r], kIpcAbortOffset), 1u);
   return false;
 }
@@ -82,11 +83,7 @@ __device__ bool ipcSpinWait(const A& a, const uint32_t* flag, uint32_t value, ui
         return false;
       }
       if (int64_t(globalTimerNs() - start) > a.timeoutNs) {
-        ipcRecordError(a, 1u, step, peer, tile, value);
-        for (int r = 0; r < a.world; ++r) {
-          storeRelease(ipcWord(a.buffers[r], kIpcAbortOffset), 1u);
-        }
-        return false;
+        return ipcGiveUp(a, 1u, step, peer, tile, value);
       }
       __nanosleep(128);
     }
