@@ -49,10 +49,10 @@ def _worker(rank: int, world: int, args) -> None:
         print(_tuning.format_table(table))
         s = qcomm.stats()
         print(f"tuning took {s['tune_seconds']:.1f} s for {s['tuned_classes']} size classes")
-        path = None if cuda else qcomm.backend_of().tuning_cache()
         if cuda:
             print("cache: none (CUDA choices live in the group)", flush=True)
         else:
+            path = qcomm.backend_of().tuning_cache()
             print(f"cache: {path or '(none: the config does not tune)'}", flush=True)
     dist.destroy_process_group()
 
