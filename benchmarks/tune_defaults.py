@@ -1,13 +1,15 @@
 """qnccl with no settings against Gloo and against every fixed configuration the tuner chooses
 from, on an emulated link (benchmarks/slow_cluster.py; --rate none: veth pairs with no limit).
 
-Each rank joins three groups: the default group, qnccl with the defaults (QuantConfig(): `auto`
+Each rank joins four groups: the default group, qnccl with the defaults (QuantConfig(): `auto`
 with the tuner; a fresh cache file, so each size class is measured at its first call and that
-cost is reported), a Gloo group, and a qnccl group whose config is switched to each fixed
-candidate (algorithm x microshards, tune off). Per size, after the first (tuning) call, every
-variant runs --iters times interleaved, one call of each in turn; the time of a call is the
-maximum over ranks. Rank 0 prints one row per size: Gloo fp32, the defaults and their choice, the
-best fixed configuration, and the ratios (above 1: faster than Gloo).
+cost is reported), a Gloo group, a qnccl group whose config is switched to each fixed candidate
+(algorithm x microshards, tune off), and a Gloo group for the barriers and timings. Per size,
+after the first (tuning) call, every variant runs --iters times interleaved, one call of each in
+turn; the time of a call is the maximum over ranks. Rank 0 prints one row per size: Gloo fp32,
+the defaults and their choice, the best fixed configuration, and the ratios (above 1: faster than
+Gloo): of the medians, and paired (the median and quartiles of each round's Gloo time over the
+defaults' time, which share that round's load on a shared machine).
 
 Needs root. Example (the goals of the `auto` issue):
     sudo .venv/bin/python benchmarks/tune_defaults.py --world 2 --rate none --sizes 256K,1M,64M
@@ -33,8 +35,11 @@ def worker(args) -> int:
     import qcomm
     from qcomm import _C
 
-    timing = slow_cluster.join(args, "qnccl", qcomm.QuantConfig())
+    slow_cluster.join(args, "qnccl", qcomm.QuantConfig())
     gloo = dist.new_group(backend="gloo")
+    # barriers and the agreed times go over a group of their own, so that no variant shares its
+    # connections with them (one that did ran up to 1.3x slower than the same fixed configuration)
+    timing = dist.new_group(backend="gloo")
     fixed = dist.new_group(backend="qnccl", pg_options=qcomm.QuantConfig(tune=False))
     cands = [c for c in _C._testing.tune_candidates(args.world) if c != "exact"]
     rows = []
@@ -78,6 +83,9 @@ def worker(args) -> int:
         spread = {k: (min(v), max(v)) for k, v in times.items()}
         best = min(cands, key=lambda c: med[c])
         best_any = min(med["gloo"], med[best])
+        # paired: the ratio of the two calls of one round, whose times share that round's load;
+        # the median of those ratios and their quartiles
+        paired = quartiles([g / d for g, d in zip(times["gloo"], times["default"])])
         rows.append(
             (
                 size,
@@ -89,31 +97,40 @@ def worker(args) -> int:
                 first,
                 med["gloo"] / med["default"],
                 best_any / med["default"],
+                paired,
             )
         )
         if rank0(args):
             print(
                 f"[{size} B] gloo {med['gloo'] * 1e3:.2f} ms, default {med['default'] * 1e3:.2f} ms"
-                f" ({choice}), best fixed {best} {med[best] * 1e3:.2f} ms; tuning {tune_s:.2f} s",
+                f" ({choice}), best fixed {best} {med[best] * 1e3:.2f} ms; tuning {tune_s:.2f} s; "
+                + ", ".join(f"{c} {med[c] * 1e3:.2f}" for c in cands),
                 file=sys.stderr,
                 flush=True,
             )
     if rank0(args):
         print(
             "| bytes | gloo fp32 ms | defaults ms | defaults chose | best fixed | best fixed ms "
-            "| defaults vs gloo | defaults vs best of (gloo, fixed) | tuning s |"
+            "| defaults vs gloo | paired (quartiles) | defaults vs best of (gloo, fixed) "
+            "| tuning s |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
-        for size, med, spread, choice, best, tune_s, _first, vs_gloo, vs_best in rows:
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for size, med, spread, choice, best, tune_s, _first, vs_gloo, vs_best, paired in rows:
             g, d = spread["gloo"], spread["default"]
             print(
                 f"| {size} | {med['gloo'] * 1e3:.2f} ({g[0] * 1e3:.2f}-{g[1] * 1e3:.2f}) "
                 f"| {med['default'] * 1e3:.2f} ({d[0] * 1e3:.2f}-{d[1] * 1e3:.2f}) | {choice} "
-                f"| {best} | {med[best] * 1e3:.2f} | {vs_gloo:.2f}x | {vs_best:.2f}x "
+                f"| {best} | {med[best] * 1e3:.2f} | {vs_gloo:.2f}x "
+                f"| {paired[1]:.2f}x ({paired[0]:.2f}-{paired[2]:.2f}) | {vs_best:.2f}x "
                 f"| {tune_s:.2f} |"
             )
     dist.destroy_process_group()
     return 0
+
+
+def quartiles(v):
+    q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
+    return q[0], statistics.median(v), q[2]
 
 
 def rank0(args) -> bool:

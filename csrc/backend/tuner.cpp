@@ -19,11 +19,12 @@
 namespace qcomm {
 namespace {
 
-// Timed runs per candidate after the first (which faults pages in): as many as fit in about
-// kBudget seconds of the exact allreduce's first run, from kMinRuns to kMaxRuns, so that small
-// classes, where a shared machine's noise is largest, get the most samples.
+// Timed rounds after the first runs (which fault pages in), one run of each kept candidate a
+// round: as many as fit in about kBudget seconds of first-run times, from kMinRuns to kMaxRuns,
+// so that small classes, where a shared machine's noise is largest, get the most samples. (A
+// budget of 0.1 s of the exact allreduce alone gave only 3 runs at 4 MiB over 1 Gbit/s.)
 constexpr int kMinRuns = 3, kMaxRuns = 15;
-constexpr double kBudget = 0.1;
+constexpr double kBudget = 0.5;
 constexpr double kMargin = 0.05;   // a quantized choice must be this much faster than exact
 constexpr double kDropFactor = 2;  // after the first run, slower than this x the fastest: dropped
 
@@ -194,10 +195,10 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
     first = agreed(first);
     const std::vector<bool> keep = keepAfterFirstRun(first, kDropFactor);
     // from the agreed times: every rank runs the same number
-    const int timed = std::clamp(int(kBudget / std::max(first[0], 1e-6)), kMinRuns, kMaxRuns);
+    const int timed = tuneRounds(first, keep, kBudget, kMinRuns, kMaxRuns);
     std::vector<std::vector<double>> runs(n);
     for (int r = 0; r < timed; ++r) {
-      for (size_t i = 0; i < n; ++i) {
+      for (size_t i : tuneRoundOrder(n, r)) {
         if (keep[i]) runs[i].push_back(runOnce(i));
       }
     }

@@ -67,4 +67,20 @@ std::vector<bool> keepAfterFirstRun(const std::vector<double>& seconds, double f
   return keep;
 }
 
+int tuneRounds(const std::vector<double>& first, const std::vector<bool>& keep, double budget,
+               int minRounds, int maxRounds) {
+  double round = 0;
+  for (size_t i = 0; i < first.size() && i < keep.size(); ++i) round += keep[i] ? first[i] : 0.0;
+  return std::clamp(int(budget / std::max(round, 1e-6)), minRounds, maxRounds);
+}
+
+std::vector<size_t> tuneRoundOrder(size_t n, int round) {
+  std::vector<size_t> order;
+  if (n == 0) return order;
+  order.push_back(0);  // exact first, then the quantized candidates from the round's one on
+  const size_t m = n - 1;
+  for (size_t k = 0; k < m; ++k) order.push_back(1 + (k + size_t(round)) % m);
+  return order;
+}
+
 }  // namespace qcomm

@@ -65,4 +65,15 @@ size_t decideTuning(const std::vector<double>& seconds, double margin);
 // dropped from the remaining runs: their index gets false.
 std::vector<bool> keepAfterFirstRun(const std::vector<double>& seconds, double factor);
 
+// The timed rounds after the first runs: as many as fit in `budget` seconds of the kept
+// candidates' first-run times (one run of each a round), from minRounds to maxRounds.
+int tuneRounds(const std::vector<double>& first, const std::vector<bool>& keep, double budget,
+               int minRounds, int maxRounds);
+
+// The order of the n candidates (0: exact) in timed round r: exact, then the quantized ones
+// starting from the r-th, so that each of them runs right after exact in one round of every n - 1
+// (after exact, a token-bucket link's burst is spent by exact's bytes: a candidate always behind it
+// would lose by that alone) and the median of three or more runs leaves that round out.
+std::vector<size_t> tuneRoundOrder(size_t n, int round);
+
 }  // namespace qcomm

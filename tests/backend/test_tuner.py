@@ -49,6 +49,25 @@ def test_decision_rule_prefers_exact_within_the_margin():
     assert "semi_ring/4" in _C._testing.tune_candidates(3)
 
 
+def test_timed_rounds_rotate_and_fit_the_budget():
+    order = _C._testing.tune_round_order
+    for n in (len(CANDIDATES), len(_C._testing.tune_candidates(3))):
+        m = n - 1
+        rounds = [order(n, r) for r in range(m)]
+        assert all(sorted(o) == list(range(n)) for o in rounds)  # every candidate once a round
+        # over n - 1 rounds each quantized candidate runs once in every place after exact, so
+        # each runs right after exact (on a link whose burst exact's bytes spent) in one round
+        for pos in range(1, n):
+            assert sorted(o[pos] for o in rounds) == list(range(1, n))
+        assert sorted(o[o.index(0) + 1] for o in rounds) == list(range(1, n))
+        assert order(n, 0) == order(n, m)  # a function of the round alone: the same on every rank
+    tune_rounds = _C._testing.tune_rounds
+    # budget / (the kept candidates' first runs), clamped: 0.5 s over 0.1 s rounds is 5
+    assert tune_rounds([0.05, 0.03, 0.9, 0.02], [True, True, False, True], 0.5, 3, 15) == 5
+    assert tune_rounds([0.5, 0.5], [True, True], 0.5, 3, 15) == 3  # at least the minimum
+    assert tune_rounds([1e-4, 1e-4], [True, True], 0.5, 3, 15) == 15  # at most the maximum
+
+
 def _skewed_worker(rank, world, factors):
     _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors[rank])
     x = torch.randn(MIB // 4, generator=torch.Generator().manual_seed(rank))
