@@ -11,8 +11,10 @@ batch is shared with every rank.
 
 Steps are interleaved: each round times one step of every variant and of the compute-only model,
 after a barrier, as the slowest rank's time. Rank 0 prints, per regime, each variant's median step
-time (min-max), its ratio to Gloo fp32's, to the bf16 hook's and to the compute-only step, and
-writes --csv.
+time (min-max), its ratio to Gloo fp32's, to the bf16 hook's and to the compute-only step, the
+CPU seconds the rank's process spent in the step (all its threads, the slowest rank's) and those
+over the rank's share of the cores against the compute-only step (a step cannot end sooner than
+its CPU work takes on its cores: the floor any overlap has on this machine), and writes --csv.
 
 Needs root (ip netns, tc). Example:
     sudo .venv/bin/python benchmarks/ddp_slow_link.py --world 2 --rate 1gbit
@@ -126,15 +128,19 @@ def worker(args) -> int:
         solo = _model(args.width, args.layers)
         models["compute_only"] = (solo, torch.optim.SGD(solo.parameters(), lr=1e-3))
         times = {k: [] for k in models}
+        cpu = {k: [] for k in models}  # CPU seconds of the rank's process (all its threads)
         for it in range(args.warmup + args.steps):
             for k, (m, opt) in models.items():
                 dist.barrier(group=ctl)
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 compute_step(m, opt, x)
-                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dt = torch.tensor(
+                    [time.perf_counter() - t0, time.process_time() - c0], dtype=torch.float64
+                )
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=ctl)
                 if it >= args.warmup:
-                    times[k].append(float(dt))
+                    times[k].append(float(dt[0]))
+                    cpu[k].append(float(dt[1]))
         med = {k: statistics.median(v) for k, v in times.items()}
         for k, v in times.items():
             rows.append(
@@ -145,6 +151,7 @@ def worker(args) -> int:
                     "median_s": med[k],
                     "min_s": min(v),
                     "max_s": max(v),
+                    "cpu_s": statistics.median(cpu[k]),
                     "vs_gloo": med[k] / med["gloo"] if "gloo" in med else float("nan"),
                     "vs_bf16_hook": med[k] / med["bf16_hook"]
                     if "bf16_hook" in med
@@ -156,6 +163,7 @@ def worker(args) -> int:
             print(
                 f"{name}: batch {batch}, compute-only step {med['compute_only']:.3f} s", flush=True
             )
+    cores = (os.cpu_count() or 1) / world
     if rank == 0:
         print(
             f"# {world} ranks, {args.rate} each way, {params / 1e6:.1f} M parameters "
@@ -163,13 +171,22 @@ def worker(args) -> int:
             f"rank, {os.cpu_count()} cores; {args.steps} steps each (+{args.warmup} warm-up), "
             "interleaved; median (min-max) of the slowest rank's step"
         )
-        print("| regime | batch | variant | step s | vs Gloo fp32 | vs bf16 hook | vs compute |")
-        print("|---|---|---|---|---|---|---|")
+        print(
+            "| regime | batch | variant | step s | vs Gloo fp32 | vs bf16 hook | vs compute "
+            f"| CPU s of a rank | CPU / {cores:g} core(s) a rank, vs compute |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
+            compute_s = next(
+                q["median_s"]
+                for q in rows
+                if q["regime"] == r["regime"] and q["variant"] == "compute_only"
+            )
             print(
                 f"| {r['regime']} | {r['batch']} | {r['variant']} | {r['median_s']:.3f} "
                 f"({r['min_s']:.3f}-{r['max_s']:.3f}) | {r['vs_gloo']:.2f} | "
-                f"{r['vs_bf16_hook']:.2f} | {r['vs_compute']:.2f} |"
+                f"{r['vs_bf16_hook']:.2f} | {r['vs_compute']:.2f} | {r['cpu_s']:.3f} "
+                f"| {r['cpu_s'] / cores / compute_s:.2f} |"
             )
         if args.csv:
             with open(args.csv, "w", newline="") as f:
