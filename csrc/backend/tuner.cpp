@@ -170,6 +170,12 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
       return secondsSince(t0) * (i < factors.size() ? factors[i] : 1.0);
     }
 #endif
+    // every rank starts the run together, as calls separated by other work do: back to back, a
+    // rank done first would time its wait for the others, and a link's queue left by the run
+    // before, as this run's
+    c10d::BarrierOptions b;
+    b.timeout = timeout;
+    gloo_->barrier(b)->wait();
     const Clock::time_point t0 = Clock::now();
     if (cands[i].exact()) {
       std::vector<at::Tensor> ts{work};
@@ -190,10 +196,11 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
   });
   requireAgreement(mismatch);
   std::vector<double> first(n), med(n, -1.0);
+  std::vector<bool> keep(n, true);
   guardTransport([&] {
     for (size_t i = 0; i < n; ++i) first[i] = runOnce(i);
     first = agreed(first);
-    const std::vector<bool> keep = keepAfterFirstRun(first, kDropFactor);
+    keep = tuneKeep(first, kDropFactor, kBudget, kMinRuns);
     // from the agreed times: every rank runs the same number
     const int timed = tuneRounds(first, keep, kBudget, kMinRuns, kMaxRuns);
     std::vector<std::vector<double>> runs(n);
@@ -235,9 +242,11 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
   {
     std::lock_guard<std::mutex> lock(tuningMutex_);
     e = table.find(dtype, cls);
-    for (const auto& kv : e->seconds) {
+    for (size_t i = 0; i < e->seconds.size(); ++i) {
+      const auto& kv = e->seconds[i];
       times += (times.empty() ? "" : ", ") + choiceName(kv.first) + " " +
-               jsonNumber(kv.second * 1e3) + " ms";
+               jsonNumber(kv.second * 1e3) + " ms" +
+               (i < keep.size() && !keep[i] ? " (one run, dropped)" : "");
     }
     std::fprintf(stderr,
                  "%sINFO tuned %s allreduces of %s, class 2^%d bytes (measured at %lld B, "

@@ -67,6 +67,14 @@ std::vector<bool> keepAfterFirstRun(const std::vector<double>& seconds, double f
   return keep;
 }
 
+std::vector<bool> tuneKeep(const std::vector<double>& first, double factor, double budget,
+                           int minRounds) {
+  double round = 0;
+  for (double s : first) round += std::max(s, 0.0);
+  if (round * minRounds <= budget) return std::vector<bool>(first.size(), true);
+  return keepAfterFirstRun(first, factor);
+}
+
 int tuneRounds(const std::vector<double>& first, const std::vector<bool>& keep, double budget,
                int minRounds, int maxRounds) {
   double round = 0;

@@ -65,6 +65,12 @@ size_t decideTuning(const std::vector<double>& seconds, double margin);
 // dropped from the remaining runs: their index gets false.
 std::vector<bool> keepAfterFirstRun(const std::vector<double>& seconds, double factor);
 
+// The candidates to time after their first runs: all of them where minRounds rounds of them fit
+// in `budget` seconds (a single first run is too noisy to drop on where the runs are cheap), else
+// keepAfterFirstRun's.
+std::vector<bool> tuneKeep(const std::vector<double>& first, double factor, double budget,
+                           int minRounds);
+
 // The timed rounds after the first runs: as many as fit in `budget` seconds of the kept
 // candidates' first-run times (one run of each a round), from minRounds to maxRounds.
 int tuneRounds(const std::vector<double>& first, const std::vector<bool>& keep, double budget,

@@ -403,6 +403,8 @@ void registerTesting(py::module& m, py::object backendBase) {
       py::arg("config"), py::arg("numel"), py::arg("dtype"), py::arg("average") = false,
       py::arg("call_seq") = 0, py::arg("world") = 2);
   m.def("tune_keep_after_first_run", &keepAfterFirstRun, py::arg("seconds"), py::arg("factor"));
+  m.def("tune_keep", &tuneKeep, py::arg("first"), py::arg("factor"), py::arg("budget"),
+        py::arg("min_rounds"));
   m.def("tune_rounds", &tuneRounds, py::arg("first"), py::arg("keep"), py::arg("budget"),
         py::arg("min_rounds"), py::arg("max_rounds"));
   m.def("tune_round_order", &tuneRoundOrder, py::arg("n"), py::arg("round"));

@@ -68,6 +68,15 @@ def test_timed_rounds_rotate_and_fit_the_budget():
     assert tune_rounds([1e-4, 1e-4], [True, True], 0.5, 3, 15) == 15  # at most the maximum
 
 
+def test_a_noisy_first_run_drops_nothing_where_the_runs_are_cheap():
+    keep = _C._testing.tune_keep
+    # three rounds of these fit in 0.5 s: a first run 2.1x the fastest is kept (it was two_step/1
+    # at 1 MiB over 1 Gbit/s, the fastest of the benchmark, dropped on one slow first run)
+    assert keep([0.008, 0.0042, 0.002, 0.005], 2.0, 0.5, 3) == [True] * 4
+    # where they do not (64 MiB classes), a candidate beyond twice the fastest is dropped
+    assert keep([0.56, 0.40, 0.16, 0.17], 2.0, 0.5, 3) == [True, False, True, True]
+
+
 def _skewed_worker(rank, world, factors):
     _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors[rank])
     x = torch.randn(MIB // 4, generator=torch.Generator().manual_seed(rank))
