@@ -26,7 +26,7 @@ namespace {
 constexpr int kMinRuns = 3, kMaxRuns = 15;
 constexpr double kBudget = 0.5;
 constexpr double kMargin = 0.05;   // a quantized choice must be this much faster than exact
-constexpr double kDropFactor = 2;  // after the first run, slower than this x the fastest: dropped
+constexpr double kDropFactor = 2;  // slower than this x the fastest after one run: dropped
 
 using Clock = std::chrono::steady_clock;
 

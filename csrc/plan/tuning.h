@@ -79,7 +79,7 @@ int tuneRounds(const std::vector<double>& first, const std::vector<bool>& keep, 
 // The order of the n candidates (0: exact) in timed round r: exact, then the quantized ones
 // starting from the r-th, so that each of them runs right after exact in one round of every n - 1
 // (after exact, a token-bucket link's burst is spent by exact's bytes: a candidate always behind it
-// would lose by that alone) and the median of three or more runs leaves that round out.
+// would lose by that alone), a run the median of three or more runs is not swayed by.
 std::vector<size_t> tuneRoundOrder(size_t n, int round);
 
 }  // namespace qcomm
