@@ -183,7 +183,11 @@ def _create(opts, pg_options):
     _agree_on_config(store, rank, size, cfg)
     hosts = _hosts(store, rank, size)
     threads = _cpu_threads(hosts, rank)
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+    # the addresses Gloo connected over are part of the tuning cache's key: a choice measured
+    # over one network path is not used over another
+    gloo, path = _tuning.connect_recording(
+        lambda: dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+    )
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
         nopts = nccl_options if nccl_options is not None else dist.ProcessGroupNCCL.Options()
@@ -197,8 +201,9 @@ def _create(opts, pg_options):
         rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store, disabled, threads
     )
     if cfg.tune and cfg.algorithm == "auto" and not disabled and size > 1:
-        key = _tuning.cache_key(cfg, size, hosts, threads, __version__)
-        _tuning.install(backend, store, rank, size, cfg, key)
+        paths = _tuning.agree_path(store, rank, size, path)
+        key = _tuning.cache_key(cfg, size, hosts, threads, __version__, paths)
+        _tuning.install(backend, store, rank, size, cfg, key, opts.group_id)
     return backend
 
 
@@ -249,12 +254,17 @@ def get_config(group=None) -> QuantConfig:
 def stats(group=None) -> dict:
     """Counters of this rank for `group`: quantized_calls, passthrough_calls (every collective that
     went to the inner backend), input_bytes and wire_bytes (bytes this rank sent) of the quantized
-    allreduces, and their ratio compression; next_call_seq, the number the next quantized
-    allreduce will carry (it seeds stochastic rounding; it is not reset); buffer_bytes, what the
-    group keeps allocated for its next host-memory allreduce (release_buffers frees it);
+    allreduces, and their ratio compression; next_call_seq, the number the next allreduce that
+    the config quantizes will carry (one the tuner passes through exactly counts too; it seeds
+    stochastic rounding and picks the calls shadow mode shadows; it is not reset); buffer_bytes,
+    what the group keeps allocated for its next host-memory allreduce (release_buffers frees it,
+    as of the last call's end: stats never waits for a running call);
     cpu_threads, the threads the codec of its last quantized CPU allreduce could use
     (QCOMM_CPU_THREADS; 0 before the first); tuned_classes and tune_seconds, the size classes
-    this rank measured (qcomm.tuning) and the time that took; shadow (QuantConfig.shadow): per
+    this rank measured (qcomm.tuning) and the time that took; checked_classes and check_seconds,
+    the entries loaded from the tuning cache that the check at their first call confirmed, and
+    the time the checks took; retuned_classes, the classes measured again because that check or
+    the comparison with their real calls disagreed with the table; shadow (QuantConfig.shadow): per
     "<dtype> <size class>", the shadowed calls, the mean and largest relative L2 error of their
     quantized results against the exact allreduce, the largest absolute error of an element, and
     the seconds the exact runs and comparisons took."""
@@ -313,17 +323,19 @@ def plan(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> dict:
 def tune(group=None, sizes=None, dtypes=(torch.float32,), device="cpu") -> list:
     """Measures now, on every rank of `group` (call it on all of them, with the same arguments),
     which of the exact allreduce and the quantized candidates is fastest for each size (bytes; by
-    default the powers of two from the group's min_bytes to 64 MiB) and dtype, and enters each
-    choice in the group's tuning table of `device` ("cpu", or "cuda": the current CUDA device,
-    with QCOMM_CUDA_QUANTIZE=1), replacing an earlier one; allreduces of that dtype and size
-    class then follow it. With the config's ``tune``, rank 0 also writes the host-memory table to
-    the cache. Sizes below min_bytes pass through exactly and are not measured. The group's
-    algorithm must be ``auto``. Returns :func:`tuning` of `device`."""
+    default the powers of two from the group's min_bytes to 64 MiB) and dtype of host-memory
+    allreduces, and enters each choice in the group's tuning table, replacing an earlier one;
+    allreduces of that dtype and size class then follow it. With the config's ``tune``, rank 0
+    also writes the table to the cache. Sizes below min_bytes pass through exactly and are not
+    measured. The group's algorithm must be ``auto``. The tuner is for host memory only (`device`
+    "cpu"): a CUDA allreduce with ``auto`` runs two_step. Returns :func:`tuning`."""
+    if torch.device(device).type != "cpu":
+        raise ValueError(
+            f"qcomm.tune: the tuner measures host-memory allreduces only (device 'cpu', got "
+            f"{device!r}); a CUDA allreduce with algorithm='auto' runs two_step"
+        )
     be = backend_of(group)
     cfg = get_config(group)
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
     if sizes is None:
         sizes, n = [], max(cfg.min_bytes, 1 << 10)
         n = 1 << (n - 1).bit_length()
@@ -343,17 +355,20 @@ def tune(group=None, sizes=None, dtypes=(torch.float32,), device="cpu") -> list:
             numel = max(1, size // width)
             if numel * width < cfg.min_bytes:
                 continue
-            be.tune(torch.randn(numel, generator=gen).to(device=device, dtype=dtype))
-    return tuning(group, device.type)
+            be.tune(torch.randn(numel, generator=gen).to(dtype=dtype))
+    return tuning(group)
 
 
 _tune = tune  # what qcomm.tune still calls once ``import qcomm.tune`` (the CLI) has bound the name
 
 
 def tuning(group=None, device="cpu") -> list:
-    """The group's tuning table of host-memory (device "cpu") or CUDA ("cuda") allreduces, the
-    same on every rank: one dict per dtype and size class with dtype, size_class (k: messages of
-    [2^k, 2^(k+1)) bytes), bytes (the size measured), choice ("exact" or
-    "<algorithm>/<microshards>") and seconds (each candidate's time: the maximum over ranks of
-    each rank's median)."""
-    return _tuning.table(backend_of(group), torch.device(device).type == "cuda")
+    """The group's tuning table of host-memory allreduces, the same on every rank: one dict per
+    dtype and size class with dtype, size_class (k: messages of [2^k, 2^(k+1)) bytes), bytes (the
+    size measured), choice ("exact" or "<algorithm>/<microshards>"), seconds (each candidate's
+    time: the maximum over ranks of each rank's median) and verified (false for an entry loaded
+    from the cache that the first call of its class has not checked yet). Device "cuda": an empty
+    list (CUDA allreduces are not tuned)."""
+    if torch.device(device).type == "cuda":
+        return []
+    return _tuning.table(backend_of(group))

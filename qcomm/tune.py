@@ -1,16 +1,17 @@
 """``python -m qcomm.tune``: measure, on this machine's link, what qnccl's ``auto`` should do at
-each message size, print the table and write the cache that later groups of the same set-up load.
+each message size of host-memory allreduces, print the table and write the cache that later groups
+of the same set-up (network path included) load.
 
 Under torchrun (RANK and WORLD_SIZE set) it tunes the job's ranks; otherwise it spawns ``--world``
 ranks on this host. The quantization settings come from the QCOMM_* environment as for any group.
-``--device cuda`` (torchrun only, one GPU a rank: the exact candidate is NCCL's, and NCCL refuses
-two ranks on one GPU) tunes the CUDA allreduces of each rank's GPU, cuda:(LOCAL_RANK % GPUs), with
-QCOMM_CUDA_QUANTIZE=1; their table lives in the group (the cache holds host-memory choices only).
+``--show`` prints the cache's key, its file and the entries it holds, measuring nothing; ``--drop``
+removes that file. The tuner is for host memory only: a CUDA allreduce with ``auto`` runs two_step.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import types
@@ -24,14 +25,23 @@ def _worker(rank: int, world: int, args) -> None:
     import torch.distributed as dist
 
     import qcomm
+    from qcomm import _tuning
 
-    cuda = args.device == "cuda"
-    if cuda:
-        os.environ["QCOMM_CUDA_QUANTIZE"] = "1"  # the quantized CUDA path is opt-in
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        torch.cuda.set_device(local % torch.cuda.device_count())
     if not dist.is_initialized():
-        dist.init_process_group("qnccl", rank=rank, world_size=world)
+        # the tuner's cache and key exist only where the config tunes
+        dist.init_process_group(
+            "qnccl", rank=rank, world_size=world, pg_options=qcomm.from_env().replace(tune=True)
+        )
+    path, key = _tuning.KEYS.get(dist.group.WORLD.group_name, ("", None))
+    if args.show or args.drop:
+        if rank == 0:
+            print(f"key: {json.dumps(key, sort_keys=True)}")
+            print(f"cache: {path}")
+            print(_tuning.format_table(qcomm.tuning()))
+            if args.drop:
+                print(_tuning.drop(path), flush=True)
+        dist.destroy_process_group()
+        return
     dtypes = [getattr(torch, d) for d in args.dtypes]
     sizes = None
     if args.min_size or args.max_size:
@@ -40,20 +50,17 @@ def _worker(rank: int, world: int, args) -> None:
         while n <= hi:
             sizes.append(n)
             n <<= 1
-    table = qcomm.tune(sizes=sizes, dtypes=dtypes, device=args.device)
+    table = qcomm.tune(sizes=sizes, dtypes=dtypes)
     if rank == 0:
-        from qcomm import _tuning
-
-        where = f"CUDA ({torch.cuda.get_device_name()})" if cuda else "host memory"
-        print(f"qcomm.tune: {world} ranks, {where}, config {qcomm.get_config()}")
+        print(f"qcomm.tune: {world} ranks, host memory, config {qcomm.get_config()}")
+        print(f"key: {json.dumps(key, sort_keys=True)}")
         print(_tuning.format_table(table))
         s = qcomm.stats()
         print(f"tuning took {s['tune_seconds']:.1f} s for {s['tuned_classes']} size classes")
-        if cuda:
-            print("cache: none (CUDA choices live in the group)", flush=True)
-        else:
-            path = qcomm.backend_of().tuning_cache()
-            print(f"cache: {path or '(none: the config does not tune)'}", flush=True)
+        written = qcomm.backend_of().tuning_cache()
+        print(
+            f"cache: {written or '(none: ' + (path or 'no file') + ' is not written)'}", flush=True
+        )
     dist.destroy_process_group()
 
 
@@ -68,20 +75,17 @@ def main(argv=None) -> int:
         "--device",
         choices=("cpu", "cuda"),
         default="cpu",
-        help="cpu: host-memory allreduces (default); cuda: each rank's GPU, under torchrun only",
+        help="cpu: host-memory allreduces (the only ones tuned; cuda is refused)",
     )
+    p.add_argument("--show", action="store_true", help="print the key and the cached entries")
+    p.add_argument("--drop", action="store_true", help="remove the cache file of this set-up")
     args = p.parse_args(argv)
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if args.device == "cuda":
-        import qcomm
-
-        if not launched:
-            p.error(
-                "--device cuda runs under torchrun, one rank a GPU: torchrun --standalone "
-                "--nproc_per_node=GPUS -m qcomm.tune --device cuda"
-            )
-        if not (torch.cuda.is_available() and qcomm.compiled_with_cuda()):
-            p.error("--device cuda needs a CUDA device and qcomm's CUDA build")
+        p.error(
+            "the tuner measures host-memory allreduces only; a CUDA allreduce with "
+            "algorithm='auto' runs two_step, untuned"
+        )
     if launched:
         _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
         return 0

@@ -15,6 +15,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <future>
+#include <memory>
+#include <thread>
 
 #include "algo/algorithms.h"
 #include "backend/progress.h"
@@ -84,16 +87,23 @@ QuantConfig QncclBackend::getConfig() const {
   return config_;
 }
 
-int64_t QncclBackend::scratchBytes() const {
-  std::lock_guard<std::mutex> lock(scratchMutex_);
-  return scratch_.bytesHeld();
-}
-
 int64_t QncclBackend::releaseScratch() {
   std::lock_guard<std::mutex> lock(scratchMutex_);
   const int64_t held = scratch_.bytesHeld();
   scratch_.release();
+  scratchHeld_ = scratch_.bytesHeld();
   return held;
+}
+
+void QncclBackend::holdScratchLockForTest(double seconds) {
+  auto held = std::make_shared<std::promise<void>>();
+  std::future<void> ready = held->get_future();
+  std::thread([this, held, seconds] {
+    std::lock_guard<std::mutex> lock(scratchMutex_);
+    held->set_value();
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  }).detach();
+  ready.wait();
 }
 
 std::map<std::string, ShadowStat> QncclBackend::shadowStats() const {
@@ -112,6 +122,9 @@ void QncclBackend::resetStats() {
   stats_.wireBytes = 0;
   stats_.tunedClasses = 0;
   stats_.tuneNanos = 0;
+  stats_.checkedClasses = 0;
+  stats_.checkNanos = 0;
+  stats_.retunedClasses = 0;
 }
 
 c10d::Backend* QncclBackend::pick(const at::Tensor& t, const char* op) const {
@@ -184,6 +197,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::forward(c10d::Backend* inner, const
   }
   auto work = c10::make_intrusive<QueuedWork>(
       getRank(), type, internTitle(std::string("qnccl:") + op), std::vector<at::Tensor>{}, outputs);
+  work->setQueue(queue_.identity());
   queue_.push(
       [inner, type, issue = std::move(issue), work] {
         Issued w = issue(inner);
@@ -220,12 +234,16 @@ CallFacts QncclBackend::factsOf(const at::Tensor& t, c10d::ReduceOp op) const {
   return f;
 }
 
-Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op) const {
+Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op, bool useTable) const {
   const CallFacts f = factsOf(t, op);
   Plan p;
-  {
+  if (t.is_cuda() || !useTable) {
+    // the tuner is for host memory: a CUDA allreduce with auto runs two_step
+    p = makePlan(f, getConfig());
+    if (t.is_cuda()) p.tuneNeeded = false;
+  } else {
     std::lock_guard<std::mutex> lock(tuningMutex_);
-    p = makePlan(f, getConfig(), t.is_cuda() ? &tuningCuda_ : &tuning_);
+    p = makePlan(f, getConfig(), &tuning_);
   }
   if (disabled_) {
     p.quantize = false;
@@ -398,23 +416,27 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
   // (a non-contiguous view of a leaf that requires grad gets its result copied back too)
   const at::NoGradGuard noGrad;
   Plan plan = planFor(t, opts.reduceOp);
+  // auto with tune, host memory: what the table says is read on the progress thread, where every
+  // rank reaches this call at the same point of the same sequence (a measurement, a check or a
+  // re-tune of the class ran before it, or not, alike on every rank); at issue time a rank may
+  // or may not yet see the choice of an earlier call's measurement
+  const QuantConfig cfg = getConfig();
+  const Plan untuned = planFor(t, opts.reduceOp, false);
+  const bool tunedOnQueue =
+      !t.is_cuda() && untuned.quantize && cfg.algorithm == kAuto && cfg.tune && !disabled_;
+  if (tunedOnQueue) {
+    plan = untuned;
+    plan.tuneNeeded = true;
+  }
   // a class still to be measured is logged once its measurement has decided
-  if (!plan.tuneNeeded) logDecision(plan, t, opts.reduceOp);
+  if (!tunedOnQueue) logDecision(plan, t, opts.reduceOp);
   if (!plan.quantize) return passThroughAllreduce(tensors, opts);
 #ifdef QCOMM_WITH_CUDA
-  if (t.is_cuda()) {
-    if (plan.tuneNeeded && !cudaCapturing(t)) {
-      // measured here, on the caller's stream (every rank reaches this call of this class); a
-      // class first met under graph capture is not measured and runs two_step
-      measureClass(plan, t, callTimeout(opts), true);
-      plan = planFor(t, opts.reduceOp);
-      logDecision(plan, t, opts.reduceOp);
-      if (!plan.quantize) return passThroughAllreduce(tensors, opts);
-    }
-    return allreduceCuda(plan, tensors, opts);
-  }
+  if (t.is_cuda()) return allreduceCuda(plan, tensors, opts);
 #endif
   checkUsable("allreduce");
+  // counted for every call the config quantizes, a class tuned to exact too: the number is a
+  // function of the calls issued, not of when this rank read the table
   plan.callSeq = callSeq_++;
   auto bits = [](int b) { return b == 0 ? std::string("-") : std::to_string(b); };
   const std::string algo = plan.tuneNeeded ? "auto" : algoName(plan.algorithm);
@@ -423,23 +445,30 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
                   bits(plan.ag.bits) + " g" + std::to_string(plan.rs.groupSize));
   auto work =
       c10::make_intrusive<QueuedWork>(getRank(), c10d::OpType::ALLREDUCE, title, tensors, tensors);
+  work->setQueue(queue_.identity());
   // the task holds the backend, so that a group dropped with calls queued lives until they ran
   auto self = c10::intrusive_ptr<QncclBackend>::reclaim_copy(this);
   const std::chrono::milliseconds timeout = callTimeout(opts);
   auto run = [self, plan, t, timeout, work, opts]() mutable {
     if (plan.tuneNeeded) {
-      // every rank reaches this call of this class in the same order: the measurement is
-      // collective; then the call takes the plan the table now gives
-      self->measureClass(plan, t, timeout, true);
+      // every rank reaches this call of this class in the same order: the measurement, check or
+      // re-tune is collective; then the call takes the plan the table now gives
+      self->settleClass(plan, t, timeout);
       const uint32_t seq = plan.callSeq;
       plan = self->planFor(t, opts.reduceOp);
       plan.callSeq = seq;
       self->logDecision(plan, t, opts.reduceOp);
+      const Clock::time_point start = Clock::now();
       if (!plan.quantize) {
         self->exactOnQueue(t, opts);
-        work->complete();
-        return;
+      } else {
+        self->runQueued(plan, t, timeout);
       }
+      const int64_t bytes = t.numel() * int64_t(t.element_size());
+      self->noteCallTime(plan.userDtype, sizeClassOf(bytes),
+                         std::chrono::duration<double>(Clock::now() - start).count());
+      work->complete();
+      return;
     }
     self->runQueued(plan, t, timeout);
     work->complete();
@@ -548,6 +577,7 @@ std::string QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
   } else {
     runAllreduce(plan, transport, ops, buf, &scratch_);
   }
+  scratchHeld_ = scratch_.bytesHeld();
   if (!buf.is_same(tensor)) tensor.copy_(buf);
   if (shadowed) recordShadow(plan, buf, exact, shadowSeconds);
   if (!count) return "";

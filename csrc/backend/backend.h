@@ -26,10 +26,13 @@ namespace qcomm {
 struct Stats {
   std::atomic<int64_t> quantizedCalls{0};
   std::atomic<int64_t> passthroughCalls{0};
-  std::atomic<int64_t> inputBytes{0};    // bytes of the tensors given to quantized allreduces
-  std::atomic<int64_t> wireBytes{0};     // bytes this rank sent for quantized allreduces
-  std::atomic<int64_t> tunedClasses{0};  // size classes this rank measured (plan/tuning.h)
-  std::atomic<int64_t> tuneNanos{0};     // time those measurements took
+  std::atomic<int64_t> inputBytes{0};      // bytes of the tensors given to quantized allreduces
+  std::atomic<int64_t> wireBytes{0};       // bytes this rank sent for quantized allreduces
+  std::atomic<int64_t> tunedClasses{0};    // size classes this rank measured (plan/tuning.h)
+  std::atomic<int64_t> tuneNanos{0};       // time those measurements took
+  std::atomic<int64_t> checkedClasses{0};  // cached entries confirmed by the check at first use
+  std::atomic<int64_t> checkNanos{0};      // time those checks took (re-tunes not included)
+  std::atomic<int64_t> retunedClasses{0};  // classes measured again: check or drift disagreed
 };
 
 // The CUDA side of a group (backend_cuda.cpp): the device, the transport chosen at the first
@@ -70,9 +73,10 @@ class QncclBackend : public c10d::Backend {
   void setConfig(const QuantConfig& config);
   QuantConfig getConfig() const;
   const Stats& stats() const { return stats_; }
-  // The kept buffers of this group's host-memory allreduces (algo/scratch.h): bytes held, and
-  // freeing them (after the call running now, if any; the next call allocates afresh).
-  int64_t scratchBytes() const;
+  // The kept buffers of this group's host-memory allreduces (algo/scratch.h): bytes held (as of
+  // the end of the last call: never waits for the running one), and freeing them (after the call
+  // running now, if any; the next call allocates afresh).
+  int64_t scratchBytes() const { return scratchHeld_.load(); }
   // The threads the codec of the last quantized CPU allreduce could use (0 before the first).
   int cpuThreadsUsed() const { return cpuThreadsUsed_.load(); }
   int64_t releaseScratch();
@@ -81,23 +85,29 @@ class QncclBackend : public c10d::Backend {
   std::map<std::string, ShadowStat> shadowStats() const;
   // The sequence number the next quantized allreduce will carry (it seeds stochastic rounding).
   uint32_t nextCallSeq() const { return callSeq_; }
-  // The plan an allreduce of this tensor would take now (for tests and diagnostics).
-  Plan planFor(const at::Tensor& t, c10d::ReduceOp op) const;
+  // The plan an allreduce of this tensor would take now (for tests and diagnostics); useTable
+  // false: the plan of the config alone, as if the tuning table were empty.
+  Plan planFor(const at::Tensor& t, c10d::ReduceOp op, bool useTable = true) const;
 
-  // The tuner (tuner.cpp, plan/tuning.h). The table every rank of the group holds alike, of
-  // host-memory allreduces (cuda false; the one the cache holds) or of CUDA tensors.
-  std::vector<TuneEntry> tuningEntries(bool cuda = false) const;
+  // The tuner (tuner.cpp, plan/tuning.h): host-memory allreduces only (a CUDA allreduce with
+  // `auto` runs two_step, untuned). The table every rank of the group holds alike.
+  std::vector<TuneEntry> tuningEntries() const;
   // Entries every rank loads alike (qcomm's cache, read by rank 0 and shared through the store).
   void loadTuning(const std::vector<TuneEntry>& entries);
   // Rank 0 writes the table to `path` (JSON, under `keyJson`) after each measurement; "" never.
   void setTuningCache(const std::string& path, const std::string& keyJson);
   std::string tuningCachePath() const;
-  // Measures now (collective: every rank calls it with the same tensor shape and dtype) which of
-  // exact and the quantized candidates is fastest for allreduces of this tensor's dtype and size
-  // class, and enters the choice in the table of its device, replacing any earlier one.
+  // Measures now (collective: every rank calls it with the same host tensor shape and dtype)
+  // which of exact and the quantized candidates is fastest for allreduces of this tensor's dtype
+  // and size class, and enters the choice in the table, replacing any earlier one.
   void tune(const at::Tensor& sample);
-  // A test hook: this rank's measured time of candidate i is multiplied by factors[i].
+  // Test hooks: this rank's measured time of candidate i (tuning and checks) is multiplied by
+  // factors[i]; the duration of each real call it tracks for drift, by callFactor.
   void setTuneTimingFactors(std::vector<double> factors);
+  void setCallTimingFactor(double callFactor);
+  // A test hook: holds the lock of the group's buffers for `seconds` on another thread (as a
+  // running call does); returns once it is held.
+  void holdScratchLockForTest(double seconds);
   c10::intrusive_ptr<c10d::Backend> inner(bool cuda) const { return cuda ? nccl_ : gloo_; }
   // The transport quantized CUDA allreduces use ("ipc" or "nccl"), "" before the first one, and
   // why CUDA IPC was not chosen (empty when it was).
@@ -222,16 +232,21 @@ class QncclBackend : public c10d::Backend {
   // Runs `body` on the progress thread; a transport failure in it breaks the group (checkUsable).
   void guardTransport(const std::function<void()>& body);
   // Measures the class of `plan` (a plan with tuneNeeded, or the placeholder tune() made) on
-  // copies of `sample`, unless `onlyIfMissing` and it is in the table: host memory on the
-  // progress thread, CUDA tensors on the caller's thread and current stream.
+  // copies of `sample`, on the progress thread, unless `onlyIfMissing` and it is in the table.
   void measureClass(const Plan& plan, const at::Tensor& sample, std::chrono::milliseconds timeout,
                     bool onlyIfMissing);
+  // On the progress thread, before an allreduce of a class the tuner decides (`plan`: the
+  // config's plan, with the call's number): measures a class not in the table, checks an entry
+  // loaded from the cache (checkClass), and at the agreed calls compares the class's real calls
+  // with what the tuning measured (driftCheck). Every rank runs it at the same call.
+  void settleClass(const Plan& plan, const at::Tensor& sample, std::chrono::milliseconds timeout);
+  void checkClass(const Plan& plan, const at::Tensor& sample, std::chrono::milliseconds timeout);
+  void driftCheck(const Plan& plan, const at::Tensor& sample, std::chrono::milliseconds timeout);
+  // The duration of a real call of a tuned class (on the progress thread), for driftCheck.
+  void noteCallTime(int32_t dtype, int32_t sizeClass, double seconds);
   // The exact inner allreduce of a CPU tensor, on the progress thread (a class tuned to exact).
   void exactOnQueue(at::Tensor& t, const c10d::AllreduceOptions& opts);
   void saveTuning() const;
-  // One timed run of the tuner on a CUDA tensor (backend_cuda.cpp): the exact NCCL allreduce
-  // (candidate null) or the candidate's quantized one, then the current stream synchronized.
-  void cudaTuneRun(const Plan* candidate, at::Tensor& work, const c10d::AllreduceOptions& opts);
   // The tensor's current stream is capturing a CUDA graph; waiting for that stream.
   bool cudaCapturing(const at::Tensor& t) const;
   void cudaSync(const at::Tensor& t) const;
@@ -260,13 +275,28 @@ class QncclBackend : public c10d::Backend {
   const bool checkCalls_;
   const int cpuThreads_;
   std::atomic<int> cpuThreadsUsed_{0};
-  std::atomic<uint32_t> callSeq_{0};  // quantized allreduces issued here (seeds the rounding noise)
-  mutable std::mutex scratchMutex_;   // held by the call that uses scratch_
+  // allreduces issued here that the config quantizes (the table aside: a class tuned to exact
+  // counts too, so the number does not depend on when a rank read the table); seeds the rounding
+  // noise and picks the calls shadow mode shadows
+  std::atomic<uint32_t> callSeq_{0};
+  mutable std::mutex scratchMutex_;  // held by the call that uses scratch_
   Scratch scratch_;
-  mutable std::mutex tuningMutex_;  // guards the four below
-  TuningTable tuning_, tuningCuda_;
+  std::atomic<int64_t> scratchHeld_{0};  // scratch_.bytesHeld() after the last change
+  mutable std::mutex tuningMutex_;       // guards the five below
+  TuningTable tuning_;
   std::string tuneFile_, tuneKey_;
   std::vector<double> tuneTimingFactors_;
+  double callTimingFactor_ = 1.0;
+  // Per (dtype, size class), on the progress thread only: the real calls' durations since the
+  // last drift check, the calls of the class so far, the call of the next check and the interval
+  // (doubled after each re-tune: a back-off).
+  struct Drift {
+    std::vector<double> seconds;
+    int64_t calls = 0;
+    int64_t nextCheck = 0;
+    int64_t interval = 0;
+  };
+  std::map<std::pair<int32_t, int32_t>, Drift> drift_;
   mutable std::mutex brokenMutex_;
   std::string broken_;  // the first transport failure of a quantized allreduce
   // last, so that it stops (and joins its thread) before the members its tasks use go

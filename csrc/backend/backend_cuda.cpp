@@ -227,21 +227,6 @@ void QncclBackend::cudaSync(const at::Tensor& t) const {
   c10::cuda::getCurrentCUDAStream(t.device().index()).synchronize();
 }
 
-void QncclBackend::cudaTuneRun(const Plan* candidate, at::Tensor& work,
-                               const c10d::AllreduceOptions& opts) {
-  c10::cuda::CUDAGuard guard(work.device());
-  std::vector<at::Tensor> ts{work};
-  c10d::AllreduceOptions o = opts;
-  o.asyncOp = false;
-  if (candidate != nullptr) {
-    allreduceCuda(*candidate, ts, o)->wait();
-  } else {
-    TORCH_CHECK(nccl_, prefix(), "tune: this group has no NCCL backend");
-    nccl_->allreduce(ts, o)->wait();
-  }
-  cudaSync(work);
-}
-
 c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
                                                            std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {

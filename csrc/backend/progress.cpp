@@ -8,7 +8,10 @@
 namespace qcomm {
 namespace {
 std::atomic<int64_t> liveProgressThreads{0};
+thread_local const void* currentQueue = nullptr;  // the queue whose thread this is
 }  // namespace
+
+const void* ProgressQueue::current() { return currentQueue; }
 
 int64_t ProgressQueue::liveThreads() { return liveProgressThreads.load(); }
 
@@ -47,6 +50,7 @@ bool ProgressQueue::onThread() const {
 void ProgressQueue::loop(const std::shared_ptr<State>& s) {
   std::unique_lock<std::mutex> lock(s->m);
   s->id = std::this_thread::get_id();
+  currentQueue = s.get();
   for (;;) {
     s->cv.wait(lock, [&] { return !s->tasks.empty() || s->stopping; });
     if (s->tasks.empty()) break;  // stopping, nothing left

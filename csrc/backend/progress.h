@@ -34,6 +34,10 @@ class ProgressQueue {
   bool idle() const;
   // The caller is the queue's own thread (a future's callback issuing a collective).
   bool onThread() const;
+  // What names this queue, and the queue whose thread the caller is (null on any other thread):
+  // a Work of this queue waited for on its own thread would wait for itself (QueuedWork::wait).
+  const void* identity() const { return s_.get(); }
+  static const void* current();
   // Takes no more tasks, runs those queued until `grace` has passed, fails the rest with
   // `why`, and joins the thread (from the thread itself: lets it end on its own).
   void stop(std::chrono::milliseconds grace, const std::string& why);

@@ -1,14 +1,23 @@
-// The tuner (plan/tuning.h): on the group's progress thread, at the first eligible allreduce of
-// a dtype and size class (QuantConfig.tune) or when qcomm.tune asks, every rank times the exact
-// inner allreduce and each quantized candidate on copies of the same message, interleaved; the
-// times agreed (the maximum over ranks) decide, rank 0 broadcasts the choice, and every rank
-// enters it in its table. Rank 0 then writes the table to the cache file qcomm named.
+// The tuner (plan/tuning.h), for host-memory allreduces: on the group's progress thread, at the
+// first eligible allreduce of a dtype and size class (QuantConfig.tune) or when qcomm.tune asks,
+// every rank times the exact inner allreduce and each quantized candidate on copies of the same
+// message, interleaved; the times agreed (the maximum over ranks) decide, rank 0 broadcasts the
+// choice, and every rank enters it in its table. Rank 0 then writes the table to the cache file
+// qcomm named. An entry loaded from that cache is checked at the first call of its class (a few
+// paired runs of exact and the cached choice) before it is relied on; and every so many calls of
+// a class the ranks compare their real calls' durations with the tuned time, re-tuning the class
+// when they drifted (all of it at a call every rank reaches at the same point).
 #include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 
 #include "backend/backend.h"
 #include "backend/work.h"
@@ -27,6 +36,18 @@ constexpr int kMinRuns = 3, kMaxRuns = 15;
 constexpr double kBudget = 0.5;
 constexpr double kMargin = 0.05;   // a quantized choice must be this much faster than exact
 constexpr double kDropFactor = 2;  // slower than this x the fastest after one run: dropped
+// The check of a cached entry: kCheckRounds runs of exact and of the cached choice (or, where it
+// is exact, of the entry's fastest quantized candidate), alternating which goes first; it
+// disagrees when the fastest runs (the least disturbed by a shared machine's noise; maximum over
+// ranks) put the other one ahead by more than kCheckNoise.
+constexpr int kCheckRounds = 2;
+constexpr double kCheckNoise = 0.10;
+// Drift: every kDriftFirst calls of a tuned class (the interval doubling after each re-tune, up
+// to kDriftMaxInterval) the ranks compare the median duration of the class's real calls since the
+// last comparison with the time tuning measured for its choice; beyond kDriftBound times slower
+// or faster on any rank, every rank re-tunes the class. kDriftMinCalls durations at least.
+constexpr int64_t kDriftFirst = 32, kDriftMaxInterval = 1 << 16, kDriftMinCalls = 8;
+constexpr double kDriftBound = 2.0;
 
 using Clock = std::chrono::steady_clock;
 
@@ -51,14 +72,17 @@ std::string jsonNumber(double v) {
 
 }  // namespace
 
-std::vector<TuneEntry> QncclBackend::tuningEntries(bool cuda) const {
+std::vector<TuneEntry> QncclBackend::tuningEntries() const {
   std::lock_guard<std::mutex> lock(tuningMutex_);
-  return cuda ? tuningCuda_.entries() : tuning_.entries();
+  return tuning_.entries();
 }
 
 void QncclBackend::loadTuning(const std::vector<TuneEntry>& entries) {
   std::lock_guard<std::mutex> lock(tuningMutex_);
-  for (const TuneEntry& e : entries) tuning_.put(e);
+  for (TuneEntry e : entries) {
+    e.verified = false;  // checked at the first call of its class (checkClass)
+    tuning_.put(e);
+  }
 }
 
 void QncclBackend::setTuningCache(const std::string& path, const std::string& keyJson) {
@@ -77,11 +101,18 @@ void QncclBackend::setTuneTimingFactors(std::vector<double> factors) {
   tuneTimingFactors_ = std::move(factors);
 }
 
+void QncclBackend::setCallTimingFactor(double callFactor) {
+  std::lock_guard<std::mutex> lock(tuningMutex_);
+  callTimingFactor_ = callFactor;
+}
+
 void QncclBackend::tune(const at::Tensor& sample) {
   TORCH_CHECK(!shutDown_, prefix(), "tune: the process group has been shut down");
   checkUsable("tune");
-  TORCH_CHECK_VALUE(sample.device().is_cpu() || sample.is_cuda(), prefix(), "tune: tensors on ",
-                    sample.device(), " are not supported");
+  TORCH_CHECK_VALUE(sample.device().is_cpu(), prefix(), "tune: the tuner measures host-memory ",
+                    "allreduces only; a CUDA allreduce with algorithm='auto' runs two_step (got a "
+                    "tensor on ",
+                    sample.device(), ")");
   TORCH_CHECK_VALUE(!disabled_, prefix(), "tune: QCOMM_DISABLE=1: every allreduce passes through");
   const QuantConfig cfg = getConfig();
   TORCH_CHECK_VALUE(cfg.algorithm == kAuto, prefix(), "tune: the group's algorithm is ",
@@ -91,14 +122,9 @@ void QncclBackend::tune(const at::Tensor& sample) {
   TORCH_CHECK_VALUE(plan.quantize, prefix(), "tune: an allreduce of ", sample.numel(), " ",
                     sample.scalar_type(), " elements passes through (", plan.reason,
                     "); there is nothing to tune");
-  if (sample.is_cuda()) {
-    TORCH_CHECK_VALUE(plan.quantize && settings::flag("QCOMM_CUDA_QUANTIZE"), prefix(),
-                      "tune: quantizing CUDA allreduces is opt-in (QCOMM_CUDA_QUANTIZE=1)");
-    measureClass(plan, sample.detach(), timeout_, false);  // on the caller's stream
-    return;
-  }
   auto work = c10::make_intrusive<QueuedWork>(getRank(), c10d::OpType::ALLREDUCE, "qnccl:tune",
                                               std::vector<at::Tensor>{}, std::vector<at::Tensor>{});
+  work->setQueue(queue_.identity());
   auto self = c10::intrusive_ptr<QncclBackend>::reclaim_copy(this);
   at::Tensor copy = sample.detach();
   queue_.push(
@@ -123,15 +149,14 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
   const int32_t dtype = plan.userDtype;
   const int64_t bytes = sample.numel() * int64_t(sample.element_size());
   const int32_t cls = sizeClassOf(bytes);
-  const bool cuda = sample.is_cuda();
-  TuningTable& table = cuda ? tuningCuda_ : tuning_;
+  TuningTable& table = tuning_;
   if (onlyIfMissing) {
     std::lock_guard<std::mutex> lock(tuningMutex_);
     if (table.find(dtype, cls) != nullptr) return;  // an earlier call of the class measured it
   }
   const Clock::time_point start = Clock::now();
-  if (!cuda) useCodecThreads();
-  const std::vector<TuneChoice> cands = tuneCandidates(getSize(), cuda);
+  useCodecThreads();
+  const std::vector<TuneChoice> cands = tuneCandidates(getSize());
   const size_t n = cands.size();
   std::vector<double> factors;
   {
@@ -162,14 +187,6 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
       cfg.microshards = cands[i].microshards;
       candidate = quantizedPlan(facts, cfg);
     }
-#ifdef QCOMM_WITH_CUDA
-    if (cuda) {
-      cudaSync(work);  // the copy is not timed
-      const Clock::time_point t0 = Clock::now();
-      cudaTuneRun(cands[i].exact() ? nullptr : &candidate, work, opts);
-      return secondsSince(t0) * (i < factors.size() ? factors[i] : 1.0);
-    }
-#endif
     // every rank starts the run together, as calls separated by other work do: back to back, a
     // rank done first would time its wait for the others, and a link's queue left by the run
     // before, as this run's
@@ -235,7 +252,7 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
   stats_.tunedClasses++;
   stats_.tuneNanos += int64_t(took * 1e9);
   if (getRank() != 0) return;
-  if (!cuda) saveTuning();  // the cache holds host-memory choices only
+  saveTuning();
   if (settings::text("QCOMM_DEBUG") == "WARN") return;
   const TuneEntry* e = nullptr;
   std::string times;
@@ -249,10 +266,10 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
                (i < keep.size() && !keep[i] ? " (one run, dropped)" : "");
     }
     std::fprintf(stderr,
-                 "%sINFO tuned %s allreduces of %s, class 2^%d bytes (measured at %lld B, "
-                 "%.2f s): %s (%s)\n",
-                 prefix().c_str(), cuda ? "CUDA" : "host-memory", dtypeText(dtype), int(cls),
-                 static_cast<long long>(bytes), took, choiceName(e->choice).c_str(), times.c_str());
+                 "%sINFO tuned host-memory allreduces of %s, class 2^%d bytes (measured at %lld "
+                 "B, %.2f s): %s (%s)\n",
+                 prefix().c_str(), dtypeText(dtype), int(cls), static_cast<long long>(bytes), took,
+                 choiceName(e->choice).c_str(), times.c_str());
   }
 }
 
@@ -281,15 +298,219 @@ void QncclBackend::saveTuning() const {
     out += "}}";
   }
   out += "\n ]}\n";
-  // written whole, then renamed over the old file: a reader never sees half a table
-  const std::string tmp = path + ".tmp";
-  std::ofstream f(tmp, std::ios::trunc);
-  f << out;
-  f.close();
-  if (!f || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::fprintf(stderr, "%sWARN could not write the tuning cache %s; the choices stay in memory\n",
-                 prefix().c_str(), path.c_str());
+  // written whole, then renamed over the old file: a reader never sees half a table. Only a
+  // regular file (or none) is replaced: a device node, FIFO, symlink or directory at the path
+  // (QCOMM_TUNE_FILE=/dev/null) is left alone; the temporary file is created afresh, never
+  // opened through a link or a FIFO someone left there
+  std::string why;
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    why = "it is not a regular file";
+  } else {
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    ::unlink(tmp.c_str());
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      why = std::strerror(errno);
+    } else {
+      size_t done = 0;
+      while (done < out.size()) {
+        const ssize_t n = ::write(fd, out.data() + done, out.size() - done);
+        if (n <= 0) break;
+        done += size_t(n);
+      }
+      const bool ok = ::close(fd) == 0 && done == out.size();
+      if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        why = std::strerror(errno);
+        ::unlink(tmp.c_str());
+      }
+    }
   }
+  if (!why.empty()) {
+    std::fprintf(stderr,
+                 "%sWARN could not write the tuning cache %s (%s); the choices stay in memory\n",
+                 prefix().c_str(), path.c_str(), why.c_str());
+  }
+}
+
+void QncclBackend::settleClass(const Plan& plan, const at::Tensor& sample,
+                               std::chrono::milliseconds timeout) {
+  measureClass(plan, sample, timeout, true);  // a class not in the table yet
+  checkClass(plan, sample, timeout);          // an entry from the cache, at its first call
+  driftCheck(plan, sample, timeout);          // at the agreed calls of the class
+}
+
+void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
+                              std::chrono::milliseconds timeout) {
+  const int32_t dtype = plan.userDtype;
+  const int64_t bytes = sample.numel() * int64_t(sample.element_size());
+  const int32_t cls = sizeClassOf(bytes);
+  TuneEntry cached;
+  std::vector<double> factors;
+  {
+    std::lock_guard<std::mutex> lock(tuningMutex_);
+    const TuneEntry* e = tuning_.find(dtype, cls);
+    if (e == nullptr || e->verified) return;
+    cached = *e;
+    factors = tuneTimingFactors_;
+  }
+  const Clock::time_point start = Clock::now();
+  useCodecThreads();
+  // the pair: exact and the cached choice; where that is exact, exact and the entry's fastest
+  // quantized candidate (two_step/1 without times)
+  const std::vector<TuneChoice> cands = tuneCandidates(getSize());
+  TuneChoice other = cached.choice;
+  if (other.exact()) {
+    other = TuneChoice{kTwoStep, 1};
+    double best = -1;
+    for (const auto& kv : cached.seconds) {
+      const bool known = std::find(cands.begin(), cands.end(), kv.first) != cands.end();
+      if (!kv.first.exact() && known && kv.second >= 0 && (best < 0 || kv.second < best)) {
+        best = kv.second;
+        other = kv.first;
+      }
+    }
+  }
+  const TuneChoice pair[2] = {TuneChoice{}, other};
+  auto factorOf = [&](const TuneChoice& c) {
+    const size_t i = size_t(std::find(cands.begin(), cands.end(), c) - cands.begin());
+    return i < factors.size() ? factors[i] : 1.0;
+  };
+  QuantConfig cfg = getConfig();
+  cfg.algorithm = other.algorithm;
+  cfg.microshards = other.microshards;
+  const Plan candidate = quantizedPlan(factsOf(sample, c10d::ReduceOp::SUM), cfg);
+  const at::Tensor data = sample.contiguous().clone();
+  at::Tensor work = at::empty_like(data);
+  c10d::AllreduceOptions opts;
+  opts.timeout = timeout;
+  std::string mismatch;
+  guardTransport([&] {
+    C10dTransport transport(gloo_.get(), getRank(), getSize(), timeout,
+                            C10dTransport::kPointToPoint);
+    mismatch = agreeOnPlan(plan, transport);
+  });
+  requireAgreement(mismatch);
+  double med[2] = {-1, -1};
+  guardTransport([&] {
+    std::vector<double> runs[2];
+    for (int r = 0; r < kCheckRounds; ++r) {
+      for (int k = 0; k < 2; ++k) {
+        const int i = (r % 2 == 0) ? k : 1 - k;  // alternate which goes first
+        work.copy_(data);
+        c10d::BarrierOptions b;
+        b.timeout = timeout;
+        gloo_->barrier(b)->wait();
+        const Clock::time_point t0 = Clock::now();
+        if (i == 0) {
+          std::vector<at::Tensor> ts{work};
+          gloo_->allreduce(ts, opts)->wait();
+        } else {
+          requireAgreement(runQuantizedCpu(candidate, work, timeout, false));
+        }
+        runs[i].push_back(secondsSince(t0) * factorOf(pair[i]));
+      }
+    }
+    const double fastest[2] = {*std::min_element(runs[0].begin(), runs[0].end()),
+                               *std::min_element(runs[1].begin(), runs[1].end())};
+    std::vector<at::Tensor> ts{
+        at::tensor(std::vector<double>{fastest[0], fastest[1]}, at::kDouble)};
+    c10d::AllreduceOptions o = opts;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    gloo_->allreduce(ts, o)->wait();
+    med[0] = ts[0].data_ptr<double>()[0];
+    med[1] = ts[0].data_ptr<double>()[1];
+  });
+  // the agreed times are the same numbers on every rank: every rank decides alike
+  const bool disagrees = cached.choice.exact() ? med[1] < med[0] * (1.0 - kCheckNoise)
+                                               : med[1] > med[0] * (1.0 + kCheckNoise);
+  stats_.checkNanos += int64_t(secondsSince(start) * 1e9);
+  const bool info = getRank() == 0 && settings::text("QCOMM_DEBUG") != "WARN";
+  if (info) {
+    std::fprintf(stderr,
+                 "%sINFO checked the cached choice of %s allreduces, class 2^%d bytes (%s): "
+                 "exact %s ms, %s %s ms (the fastest of %d paired rounds, %.3f s): %s\n",
+                 prefix().c_str(), dtypeText(dtype), int(cls), choiceName(cached.choice).c_str(),
+                 jsonNumber(med[0] * 1e3).c_str(), choiceName(other).c_str(),
+                 jsonNumber(med[1] * 1e3).c_str(), kCheckRounds, secondsSince(start),
+                 disagrees ? "it disagrees: measuring the class again" : "confirmed");
+  }
+  if (!disagrees) {
+    stats_.checkedClasses++;
+    std::lock_guard<std::mutex> lock(tuningMutex_);
+    TuneEntry e = cached;
+    e.verified = true;
+    tuning_.put(e);
+    return;
+  }
+  stats_.retunedClasses++;
+  measureClass(plan, sample, timeout, false);  // replaces the entry, rank 0 rewrites the file
+}
+
+void QncclBackend::noteCallTime(int32_t dtype, int32_t sizeClass, double seconds) {
+  double factor;
+  {
+    std::lock_guard<std::mutex> lock(tuningMutex_);
+    factor = callTimingFactor_;
+  }
+  std::vector<double>& v = drift_[{dtype, sizeClass}].seconds;
+  if (v.size() < 4096) v.push_back(seconds * factor);
+}
+
+void QncclBackend::driftCheck(const Plan& plan, const at::Tensor& sample,
+                              std::chrono::milliseconds timeout) {
+  const int32_t dtype = plan.userDtype;
+  const int32_t cls = sizeClassOf(sample.numel() * int64_t(sample.element_size()));
+  Drift& d = drift_[{dtype, cls}];
+  if (d.interval == 0) {
+    d.interval = kDriftFirst;
+    d.nextCheck = kDriftFirst;
+  }
+  // every rank counts the calls of the class that reach this point in the same order: the
+  // comparison below runs at the same call everywhere
+  const int64_t call = d.calls++;
+  if (call < d.nextCheck) return;
+  d.nextCheck = call + d.interval;
+  double tuned = -1;
+  std::string choice;
+  {
+    std::lock_guard<std::mutex> lock(tuningMutex_);
+    const TuneEntry* e = tuning_.find(dtype, cls);
+    if (e != nullptr) {
+      tuned = e->secondsOf(e->choice);
+      choice = choiceName(e->choice);
+    }
+  }
+  // this rank's ratios: the median real call over the tuned time (slower), and its inverse
+  // (faster); 0 where there is nothing to compare. Their maximum over ranks decides, every rank
+  // alike.
+  double mine[2] = {0, 0};
+  if (tuned > 0 && int64_t(d.seconds.size()) >= kDriftMinCalls) {
+    const double m = median(d.seconds);
+    mine[0] = m / tuned;
+    mine[1] = m > 0 ? tuned / m : 0;
+  }
+  d.seconds.clear();
+  std::vector<at::Tensor> ts{at::tensor(std::vector<double>{mine[0], mine[1]}, at::kDouble)};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::MAX;
+  o.timeout = timeout;
+  guardTransport([&] { gloo_->allreduce(ts, o)->wait(); });
+  const double slower = ts[0].data_ptr<double>()[0], faster = ts[0].data_ptr<double>()[1];
+  if (slower <= kDriftBound && faster <= kDriftBound) return;
+  if (getRank() == 0 && settings::text("QCOMM_DEBUG") != "WARN") {
+    std::fprintf(stderr,
+                 "%sINFO re-tuning %s allreduces, class 2^%d bytes, at its call %lld: its calls "
+                 "took up to %.2fx (or down to 1/%.2fx) the %s ms tuning measured for %s, beyond "
+                 "%.1fx; next comparison after %lld calls\n",
+                 prefix().c_str(), dtypeText(dtype), int(cls), static_cast<long long>(call), slower,
+                 faster, jsonNumber(tuned * 1e3).c_str(), choice.c_str(), kDriftBound,
+                 static_cast<long long>(std::min(d.interval * 2, kDriftMaxInterval)));
+  }
+  d.interval = std::min(d.interval * 2, kDriftMaxInterval);  // back off
+  d.nextCheck = call + d.interval;
+  stats_.retunedClasses++;
+  measureClass(plan, sample, timeout, false);
 }
 
 }  // namespace qcomm

@@ -1,8 +1,12 @@
 // QueuedWork and CompletedWork: what DDP's comm hook and Megatron's handle.wait() see.
 #include "backend/work.h"
 
+#include <c10/util/Exception.h>
+
 #include <mutex>
 #include <set>
+
+#include "backend/progress.h"
 
 #ifdef QCOMM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -21,18 +25,29 @@ int QueuedWork::sourceRank() const {
   return sourceRank_;
 }
 
+bool QueuedWork::wait(std::chrono::milliseconds timeout) {
+  TORCH_CHECK(queue_ == nullptr || ProgressQueue::current() != queue_ || isCompleted(),
+              "[qcomm] Work.wait() was called on the qnccl group's progress thread (from a "
+              "future's callback) for a collective of the same group that has not run yet: it is "
+              "queued behind the callback, so the wait could never end. Wait for it outside the "
+              "callback, or chain it with its own get_future().then(...)");
+  return c10d::Work::wait(timeout);
+}
+
+// The work is marked finished before its future completes, so that a callback of the future
+// (run by markCompleted, on this thread) that waits for this same work returns at once.
 void QueuedWork::complete(int sourceRank) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     sourceRank_ = sourceRank;
   }
-  future_->markCompleted(c10::IValue(outputs_));
   finish();
+  future_->markCompleted(c10::IValue(outputs_));
 }
 
 void QueuedWork::fail(const std::exception_ptr& e) {
-  future_->setError(e);
   finish(e);
+  future_->setError(e);
 }
 
 const char* internTitle(const std::string& title) {

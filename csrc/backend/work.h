@@ -25,6 +25,12 @@ class QueuedWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   int sourceRank() const override;
+  // Raises, instead of waiting forever, when called on the thread of the queue that runs this
+  // work before it ran: a future's callback (they run on that thread) waiting for a later call
+  // of the same group, which is queued behind the callback.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // The ProgressQueue (identity()) this work is queued on.
+  void setQueue(const void* queue) { queue_ = queue; }
 
   // Called once, on the progress thread, when the outputs are final (`sourceRank`: the sender
   // of a receive from any source).
@@ -35,6 +41,7 @@ class QueuedWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int sourceRank_ = -1;
+  const void* queue_ = nullptr;
 };
 
 // A title for the profiler's record that lives as long as the process (c10d::Work keeps the

@@ -68,13 +68,18 @@ std::vector<Declaration> makeDeclarations() {
   boolean("QCOMM_STOCHASTIC_ROUNDING", S::kGroup, "0",
           "round codes stochastically: errors of mean zero over calls", "stochastic_rounding");
   boolean("QCOMM_TUNE", S::kGroup, "1",
-          "auto times exact against quantized at each size class's first allreduce (CPU)", "tune");
+          "auto times exact against quantized at each size class's first host-memory allreduce, "
+          "checks a cached choice at its first use, re-tunes a class whose calls drift",
+          "tune");
   integer("QCOMM_SHADOW", S::kGroup, "0", 0, INT32_MAX, false, "an integer >= 0",
           "every N-th quantized allreduce also runs the exact one on a copy and records the "
           "error (0: off)",
           "shadow");
-  text("QCOMM_TUNE_FILE", S::kGroup, "", "a file path; empty: ~/.cache/qcomm/tune-<key>.json",
-       "the tuning cache: measured choices are loaded from it and saved to it");
+  text("QCOMM_TUNE_FILE", S::kGroup, "",
+       "a regular file's path (a device node, FIFO or symlink is neither read nor written); "
+       "empty: ~/.cache/qcomm/tune-<key>.json",
+       "the tuning cache: measured choices are loaded from it (its key holds the network path) "
+       "and saved to it");
 
   // The operator's switch: read when a group is created; its ranks must agree.
   boolean("QCOMM_DISABLE", S::kGroup, "0",

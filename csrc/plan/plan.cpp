@@ -94,8 +94,13 @@ Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {
 namespace {
 constexpr int64_t kHeaderMagic = 0x71636f6d6d31;  // "qcomm1"
 const char* const kHeaderNames[PlanHeader::kFields] = {
-    "header",     "numel",     "dtype",       "op",     "algorithm",           "rs_bits", "ag_bits",
-    "group_size", "symmetric", "microshards", "rotate", "stochastic_rounding", "shadow"};
+    "header",    "numel",
+    "dtype",     "op",
+    "algorithm", "rs_bits",
+    "ag_bits",   "group_size",
+    "symmetric", "microshards",
+    "rotate",    "stochastic_rounding",
+    "shadow",    "the call number (next_call_seq)"};
 
 std::string fieldValue(int field, int64_t v) {
   switch (field) {
@@ -121,7 +126,7 @@ std::string fieldValue(int field, int64_t v) {
 PlanHeader headerOf(const Plan& p) {
   return PlanHeader{{kHeaderMagic, p.userNumel, p.userDtype, p.average ? 1 : 0, p.algorithm,
                      p.rs.bits, p.ag.bits, p.rs.groupSize, p.rs.symmetric, p.microshards,
-                     p.rotate ? 1 : 0, p.stochastic ? 1 : 0, p.shadow}};
+                     p.rotate ? 1 : 0, p.stochastic ? 1 : 0, p.shadow, int64_t(p.callSeq)}};
 }
 
 uint32_t planFingerprint(const Plan& p) {

@@ -88,10 +88,12 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* tab
 Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg);
 
 // What every rank must agree on before a quantized allreduce moves data: the facts its plan was
-// made from. Ranks exchange these few bytes first, so a mismatch (a different numel, dtype, op or
-// config on some rank) becomes a clear error on every rank instead of a hang or wrong numbers.
+// made from, and the call's number (callSeq: it seeds the rounding noise and decides which calls
+// shadow mode shadows). Ranks exchange these few bytes first, so a mismatch (a different numel,
+// dtype, op, config or call number on some rank) becomes a clear error on every rank instead of a
+// hang or wrong numbers.
 struct PlanHeader {
-  static constexpr int kFields = 13;
+  static constexpr int kFields = 14;
   int64_t field[kFields];
 };
 

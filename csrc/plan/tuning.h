@@ -35,6 +35,16 @@ struct TuneEntry {
   // each candidate and its time in seconds (the maximum over ranks of each rank's median); a
   // candidate dropped after its first run has the time of that run
   std::vector<std::pair<TuneChoice, double>> seconds;
+  // false for an entry loaded from the cache: the first call of its class confirms it with a
+  // short paired measurement before the group relies on it (tuner.cpp, checkClass)
+  bool verified = true;
+  // The time measured for `c`, or -1 when there is none.
+  double secondsOf(const TuneChoice& c) const {
+    for (const auto& kv : seconds) {
+      if (kv.first == c) return kv.second;
+    }
+    return -1;
+  }
 };
 
 class TuningTable {

@@ -4,6 +4,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cmath>
+
 #include "plan/config.h"
 #include "plan/tuning.h"
 
@@ -54,11 +56,13 @@ inline pybind11::dict entryToDict(const TuneEntry& e) {
   pybind11::dict seconds;
   for (const auto& kv : e.seconds) seconds[pybind11::str(choiceName(kv.first))] = kv.second;
   d["seconds"] = seconds;
+  d["verified"] = e.verified;
   return d;
 }
 
-// The decision part of an entry (what qcomm's cache loader checked): dtype code, size class,
-// bytes, algorithm code (none: exact), microshards.
+// An entry as qcomm's cache loader checked it: dtype code, size class, bytes, algorithm code
+// (none: exact), microshards, and optionally the candidates' times, a list of (algorithm code,
+// microshards, seconds).
 inline TuneEntry entryFromTuple(const pybind11::tuple& t) {
   TuneEntry e;
   e.dtype = t[0].cast<int32_t>();
@@ -71,6 +75,18 @@ inline TuneEntry entryFromTuple(const pybind11::tuple& t) {
                          (e.choice.algorithm >= kTwoStep && e.choice.algorithm <= kSemiRing)) &&
                         e.choice.microshards >= 1 && e.choice.microshards <= 64,
                     "[qcomm] invalid tuning entry");
+  if (t.size() > 5) {
+    for (const auto& item : t[5].cast<pybind11::list>()) {
+      const auto s = item.cast<pybind11::tuple>();
+      TuneChoice c{s[0].cast<int32_t>(), s[1].cast<int32_t>()};
+      const double sec = s[2].cast<double>();
+      TORCH_CHECK_VALUE(
+          (c.algorithm == kAlgoNone || (c.algorithm >= kTwoStep && c.algorithm <= kSemiRing)) &&
+              c.microshards >= 1 && c.microshards <= 64 && std::isfinite(sec) && sec >= 0,
+          "[qcomm] invalid tuning time");
+      e.seconds.emplace_back(c, sec);
+    }
+  }
   return e;
 }
 

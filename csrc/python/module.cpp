@@ -106,6 +106,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "set_config", [](QncclBackend& b, py::tuple cfg) { b.setConfig(configFromTuple(cfg)); },
           py::arg("config"))
       .def("get_config", [](const QncclBackend& b) { return configToDict(b.getConfig()); })
+      // reads atomics and the shadow statistics only: never waits for a running call (nor for
+      // its lock, which a child forked during a call would find held forever)
       .def("stats",
            [](const QncclBackend& b) {
              py::dict d;
@@ -118,6 +120,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              d["cpu_threads"] = b.cpuThreadsUsed();
              d["tuned_classes"] = b.stats().tunedClasses.load();
              d["tune_seconds"] = double(b.stats().tuneNanos.load()) * 1e-9;
+             d["checked_classes"] = b.stats().checkedClasses.load();
+             d["check_seconds"] = double(b.stats().checkNanos.load()) * 1e-9;
+             d["retuned_classes"] = b.stats().retunedClasses.load();
              py::dict shadow;
              for (const auto& kv : b.shadowStats()) {
                const ShadowStat& s = kv.second;
@@ -132,14 +137,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              d["shadow"] = shadow;
              return d;
            })
-      .def(
-          "tuning",
-          [](const QncclBackend& b, bool cuda) {
-            py::list out;
-            for (const TuneEntry& e : b.tuningEntries(cuda)) out.append(entryToDict(e));
-            return out;
-          },
-          py::arg("cuda") = false)
+      .def("tuning",
+           [](const QncclBackend& b) {
+             py::list out;
+             for (const TuneEntry& e : b.tuningEntries()) out.append(entryToDict(e));
+             return out;
+           })
       .def(
           "load_tuning",
           [](QncclBackend& b, const py::list& entries) {

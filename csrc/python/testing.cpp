@@ -414,6 +414,35 @@ void registerTesting(py::module& m, py::object backendBase) {
         backend.cast<QncclBackend*>()->setTuneTimingFactors(std::move(factors));
       },
       py::arg("backend"), py::arg("factors"));
+  m.def(
+      "header_mismatch",
+      [](uint32_t seq0, uint32_t seq1) {
+        CallFacts f;
+        f.numel = 1 << 20;
+        f.dtype = kFloat32;
+        f.opSum = true;
+        f.world = 2;
+        Plan a = quantizedPlan(f, QuantConfig{}), b = a;
+        a.callSeq = seq0;
+        b.callSeq = seq1;
+        return describeMismatch({headerOf(a), headerOf(b)});
+      },
+      py::arg("seq0"), py::arg("seq1"),
+      "what the header exchange says of two ranks whose equal plans carry these call numbers");
+  m.def(
+      "set_call_timing_factor",
+      [](py::object backend, double factor) {
+        backend.cast<QncclBackend*>()->setCallTimingFactor(factor);
+      },
+      py::arg("backend"), py::arg("factor"),
+      "this rank's real-call durations the drift check sees are multiplied by factor");
+  m.def(
+      "hold_buffer_lock",
+      [](py::object backend, double seconds) {
+        backend.cast<QncclBackend*>()->holdScratchLockForTest(seconds);
+      },
+      py::arg("backend"), py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
+      "holds the lock a running quantized call holds, for `seconds`, on another thread");
   m.def("live_backends", &QncclBackend::liveCount,
         "QncclBackend objects alive in this process (for tests of group destruction)");
   m.def("progress_threads", &ProgressQueue::liveThreads,

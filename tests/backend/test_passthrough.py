@@ -797,6 +797,8 @@ def c_stats(ctx):
     assert counters.pop("buffer_bytes") >= 0  # buffers kept from the last call (test_buffers.py)
     assert counters.pop("cpu_threads") >= 0  # the codec's threads at the last call
     assert counters.pop("tuned_classes") == 0 and counters.pop("tune_seconds") == 0  # tune off
+    assert counters.pop("checked_classes") == 0 and counters.pop("check_seconds") == 0
+    assert counters.pop("retuned_classes") == 0
     assert counters.pop("shadow") == {}  # shadow mode off (tests/backend/test_shadow.py)
     assert counters == {
         "quantized_calls": 0,
