@@ -91,9 +91,12 @@ def join(args, backend: str = "gloo", pg_options=None):
     import qcomm  # noqa: F401  (registers qnccl)
 
     torch.set_num_threads(args.threads)
+    # rank 0's address in the namespaces; a script's --rate loopback runs its ranks on this host
+    # over 127.0.0.1 instead (run_local)
+    master = getattr(args, "master", None) or f"{SUBNET}.1"
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{SUBNET}.1:{args.port}",
+        init_method=f"tcp://{master}:{args.port}",
         rank=args.rank,
         world_size=args.world,
         pg_options=pg_options,
@@ -290,6 +293,30 @@ def run_workers(script: str, world: int, rate: str, delay, argv, timeout: float)
         teardown(world)
 
 
+def run_local(script: str, world: int, argv, timeout: float) -> int:
+    """Runs `script --worker --rank i --master 127.0.0.1 <argv>` for each rank on this host, no
+    namespaces (no root needed), Gloo bound to the loopback interface; 0 when every rank exits
+    0."""
+    procs = []
+    try:
+        for i in range(world):
+            env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONPATH=ROOT)
+            cmd = [sys.executable, os.path.abspath(script), "--worker", "--rank", str(i)]
+            procs.append(subprocess.Popen(cmd + ["--master", "127.0.0.1"] + list(argv), env=env))
+        deadline = time.monotonic() + timeout
+        codes = [p.wait(timeout=max(1, deadline - time.monotonic())) for p in procs]
+        return 0 if all(c == 0 for c in codes) else 1
+    except subprocess.TimeoutExpired:
+        print(
+            f"{os.path.basename(script)}: ranks did not finish within {timeout} s", file=sys.stderr
+        )
+        return 1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def add_cluster_args(ap, port: int, timeout: float, delay: bool = True) -> None:
     """The options every script over the emulated link takes: --world, --rate, (--delay),
     --threads, --port, --timeout, and the hidden --worker/--rank its ranks are started with."""
@@ -297,7 +324,8 @@ def add_cluster_args(ap, port: int, timeout: float, delay: bool = True) -> None:
     ap.add_argument(
         "--rate",
         default="1gbit",
-        help="tc rate each way per rank, e.g. 1gbit, 10gbit; none: no limit",
+        help="tc rate each way per rank, e.g. 1gbit, 10gbit; none: no limit; loopback: no "
+        "namespaces, the ranks on this host over 127.0.0.1 (no root needed)",
     )
     if delay:
         ap.add_argument("--delay", default=None, help="optional added latency, e.g. 100us")
@@ -306,6 +334,7 @@ def add_cluster_args(ap, port: int, timeout: float, delay: bool = True) -> None:
     ap.add_argument("--timeout", type=float, default=timeout)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--master", default=None, help=argparse.SUPPRESS)
 
 
 def dispatch(ap, script: str, worker, before=None) -> int:
@@ -316,6 +345,8 @@ def dispatch(ap, script: str, worker, before=None) -> int:
         return worker(args)
     if before is not None:
         before(args)
+    if args.rate == "loopback":  # the ranks on this host over 127.0.0.1, no namespaces
+        return run_local(script, args.world, sys.argv[1:], args.timeout)
     delay = getattr(args, "delay", None)
     return run_workers(script, args.world, args.rate, delay, sys.argv[1:], args.timeout)
 

@@ -11,13 +11,21 @@ the defaults and their choice, the best fixed configuration, and the ratios (abo
 Gloo): of the medians, and paired (the median and quartiles of each round's Gloo time over the
 defaults' time, which share that round's load on a shared machine).
 
-Needs root. Example (the goals of the `auto` issue):
+Needs root, but for --rate loopback (the ranks on this host over 127.0.0.1). Example:
     sudo .venv/bin/python benchmarks/tune_defaults.py --world 2 --rate none --sizes 256K,1M,64M
+
+--cache-dir DIR: the defaults use the cache a user's run would, under DIR (XDG_CACHE_HOME=DIR: one
+file per key, the network path included), kept between runs, instead of a fresh file; the first
+call of a class then measures it (no entry) or checks it (an entry of this key from an earlier
+run). --summary FILE appends one JSON line per size (rate, bytes, choice, ratios, tuning and check
+seconds). benchmarks/tune_sequence.py runs the goals' sequence (loopback, 1 Gbit/s, loopback
+again, one cache directory) with both.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -59,9 +67,11 @@ def worker(args) -> int:
 
     for size in [slow_cluster._parse_size(s) for s in args.sizes.split(",")]:
         x = torch.randn(size // 4, generator=torch.Generator().manual_seed(args.rank))
-        before = qcomm.stats()["tune_seconds"]
+        before = qcomm.stats()
         first = once(lambda t: dist.all_reduce(t), x)
-        tune_s = qcomm.stats()["tune_seconds"] - before
+        after = qcomm.stats()
+        tune_s = after["tune_seconds"] - before["tune_seconds"]
+        check_s = after["check_seconds"] - before["check_seconds"]
         table = {e["bytes"]: e["choice"] for e in qcomm.tuning()}
         choice = table.get(size, "below min_bytes" if size < (1 << 20) else "?")
         times = {v: [] for v in ["gloo", "default"] + cands}
@@ -100,10 +110,28 @@ def worker(args) -> int:
                 paired,
             )
         )
+        if rank0(args) and args.summary:
+            with open(args.summary, "a") as f:
+                row = {
+                    "rate": args.rate,
+                    "bytes": size,
+                    "choice": choice,
+                    "gloo_ms": med["gloo"] * 1e3,
+                    "defaults_ms": med["default"] * 1e3,
+                    "vs_gloo": med["gloo"] / med["default"],
+                    "paired": paired[1],
+                    "best_fixed": best,
+                    "vs_best": best_any / med["default"],
+                    "tune_s": tune_s,
+                    "check_s": check_s,
+                    "retuned": after["retuned_classes"] - before["retuned_classes"],
+                }
+                f.write(json.dumps(row) + "\n")
         if rank0(args):
             print(
                 f"[{size} B] gloo {med['gloo'] * 1e3:.2f} ms, default {med['default'] * 1e3:.2f} ms"
-                f" ({choice}), best fixed {best} {med[best] * 1e3:.2f} ms; tuning {tune_s:.2f} s; "
+                f" ({choice}), best fixed {best} {med[best] * 1e3:.2f} ms; tuning {tune_s:.2f} s, "
+                f"check {check_s * 1e3:.1f} ms; "
                 + ", ".join(f"{c} {med[c] * 1e3:.2f}" for c in cands),
                 file=sys.stderr,
                 flush=True,
@@ -142,10 +170,17 @@ def main() -> int:
     slow_cluster.add_cluster_args(ap, port=29581, timeout=3600)
     ap.add_argument("--sizes", default="256K,1M,4M,16M,64M")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--cache-dir", default=None, help="the tuning cache's directory, kept")
+    ap.add_argument("--summary", default=None, help="append one JSON line per size here")
 
     def before(args):
-        # a fresh cache: the first call of each class measures (its cost is reported)
-        os.environ["QCOMM_TUNE_FILE"] = os.path.join(tempfile.mkdtemp(), "tune.json")
+        if args.cache_dir:
+            # the cache a user's run keeps, under this directory: a file per key
+            os.environ.pop("QCOMM_TUNE_FILE", None)
+            os.environ["XDG_CACHE_HOME"] = os.path.abspath(args.cache_dir)
+        else:
+            # a fresh cache: the first call of each class measures (its cost is reported)
+            os.environ["QCOMM_TUNE_FILE"] = os.path.join(tempfile.mkdtemp(), "tune.json")
         os.environ.setdefault("QCOMM_TUNE", "1")
         print(
             f"# tune_defaults: {args.world} ranks, rate {args.rate}, {args.threads} thread(s) per "
