@@ -36,8 +36,9 @@ constexpr int kMinRuns = 3, kMaxRuns = 15;
 constexpr double kBudget = 0.5;
 constexpr double kMargin = 0.05;   // a quantized choice must be this much faster than exact
 constexpr double kDropFactor = 2;  // slower than this x the fastest after one run: dropped
-// The check of a cached entry: kCheckRounds runs of exact and of the cached choice (or, where it
-// is exact, of the entry's fastest quantized candidate), alternating which goes first; it
+// The check of a cached entry: an untimed run each, then kCheckRounds runs of exact and of the
+// cached choice (or, where it is exact, of the entry's fastest quantized candidate), alternating
+// which goes first; it
 // disagrees when the fastest runs (the least disturbed by a shared machine's noise; maximum over
 // ranks) put the other one ahead by more than kCheckNoise.
 constexpr int kCheckRounds = 2;
@@ -394,7 +395,8 @@ void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
   double med[2] = {-1, -1};
   guardTransport([&] {
     std::vector<double> runs[2];
-    for (int r = 0; r < kCheckRounds; ++r) {
+    // round 0 warms up (a group's first Gloo allreduce, fresh buffers' page faults), untimed
+    for (int r = 0; r <= kCheckRounds; ++r) {
       for (int k = 0; k < 2; ++k) {
         const int i = (r % 2 == 0) ? k : 1 - k;  // alternate which goes first
         work.copy_(data);
@@ -408,7 +410,7 @@ void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
         } else {
           requireAgreement(runQuantizedCpu(candidate, work, timeout, false));
         }
-        runs[i].push_back(secondsSince(t0) * factorOf(pair[i]));
+        if (r > 0) runs[i].push_back(secondsSince(t0) * factorOf(pair[i]));
       }
     }
     const double fastest[2] = {*std::min_element(runs[0].begin(), runs[0].end()),
@@ -499,13 +501,14 @@ void QncclBackend::driftCheck(const Plan& plan, const at::Tensor& sample,
   const double slower = ts[0].data_ptr<double>()[0], faster = ts[0].data_ptr<double>()[1];
   if (slower <= kDriftBound && faster <= kDriftBound) return;
   if (getRank() == 0 && settings::text("QCOMM_DEBUG") != "WARN") {
-    std::fprintf(stderr,
-                 "%sINFO re-tuning %s allreduces, class 2^%d bytes, at its call %lld: its calls "
-                 "took up to %.2fx (or down to 1/%.2fx) the %s ms tuning measured for %s, beyond "
-                 "%.1fx; next comparison after %lld calls\n",
-                 prefix().c_str(), dtypeText(dtype), int(cls), static_cast<long long>(call), slower,
-                 faster, jsonNumber(tuned * 1e3).c_str(), choice.c_str(), kDriftBound,
-                 static_cast<long long>(std::min(d.interval * 2, kDriftMaxInterval)));
+    std::fprintf(
+        stderr,
+        "%sINFO re-tuning %s allreduces, class 2^%d bytes, at its call %lld: the median "
+        "call of some rank took %.2fx the %s ms tuning measured for %s (tuned over median: "
+        "%.2fx), beyond %.1fx either way; next comparison after %lld calls\n",
+        prefix().c_str(), dtypeText(dtype), int(cls), static_cast<long long>(call), slower,
+        jsonNumber(tuned * 1e3).c_str(), choice.c_str(), faster, kDriftBound,
+        static_cast<long long>(std::min(d.interval * 2, kDriftMaxInterval)));
   }
   d.interval = std::min(d.interval * 2, kDriftMaxInterval);  // back off
   d.nextCheck = call + d.interval;
