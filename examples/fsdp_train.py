@@ -4,10 +4,11 @@ optionally parameters all-gathered at ag_bits.
     python examples/fsdp_train.py --ranks 2                  # exact (Gloo) vs quantized gradients
     python examples/fsdp_train.py --ranks 2 --all-gather     # weights all-gathered at 8 bits too
 
-examples/ddp_train.py's task (a small MLP learning a fixed random teacher, the same data, seed and
-schedule on every run) with FSDP2 in place of DDP; each rank trains on its part of every batch. What a
-user writes is in `train`: a qnccl default group with QuantConfig(reduce_scatter=True) and a 1-D
-device mesh over it; FSDP2 then sends every gradient reduce-scatter through qnccl.
+examples/ddp_train.py's task (a small MLP learning a fixed random teacher, the same data, seed
+and schedule on every run) with FSDP2 in place of DDP; each rank trains on its part of every
+batch. What a user writes is in `train`: a qnccl default group with
+QuantConfig(reduce_scatter=True) and a 1-D device mesh over it; FSDP2 then sends every gradient
+reduce-scatter through qnccl.
 """
 
 from __future__ import annotations
