@@ -3,6 +3,7 @@ optionally parameters all-gathered at ag_bits.
 
     python examples/fsdp_train.py --ranks 2                  # exact (Gloo) vs quantized gradients
     python examples/fsdp_train.py --ranks 2 --all-gather     # weights all-gathered at 8 bits too
+    python examples/fsdp_train.py --ranks 4 --hsdp           # HSDP: the replicate dim on qnccl
 
 examples/ddp_train.py's task (a small MLP learning a fixed random teacher, the same data, seed
 and schedule on every run) with FSDP2 in place of DDP; each rank trains on its part of every
@@ -110,8 +111,24 @@ def main() -> None:
     ap.add_argument("--rs-bits", type=int, default=8)
     ap.add_argument("--all-gather", action="store_true", help="all-gather weights at ag_bits too")
     ap.add_argument("--ag-bits", type=int, default=8)
+    ap.add_argument(
+        "--hsdp",
+        action="store_true",
+        help="HSDP on a (2, ranks / 2) mesh: Gloo inside a replica, qnccl across replicas",
+    )
     a = ap.parse_args()
     exact = run_ranks(train, a.ranks, a.steps, backend="gloo")
+    if a.hsdp:
+        cfg = qcomm.QuantConfig(min_bytes=0, rs_bits=a.rs_bits, ag_bits=a.ag_bits)
+        hsdp = run_ranks(train, a.ranks, a.steps, 0, None, cfg, backend="gloo")
+        by = hsdp[0]["stats"]["by_collective"]
+        print(f"exact (Gloo): final held-out MSE {exact[0]['final']:.5f}")
+        print(
+            f"HSDP, replicate dimension on qnccl: final held-out MSE {hsdp[0]['final']:.5f} "
+            f"({hsdp[0]['final'] / exact[0]['final'] - 1:+.2%}); "
+            f"{by['all_reduce']['quantized_calls']} allreduces quantized"
+        )
+        return
     cfg = qcomm.QuantConfig(
         min_bytes=0,
         rs_bits=a.rs_bits,

@@ -367,12 +367,13 @@ void compareSlices(const at::Tensor& q, const at::Tensor& e, double* diff2, doub
 }  // namespace
 
 void QncclBackend::recordShadow(const Plan& plan, const at::Tensor& result, const at::Tensor& exact,
-                                double exactSeconds) {
+                                double exactSeconds, const std::string& collective) {
   const Clock::time_point start = Clock::now();
   double diff2 = 0, exact2 = 0, maxAbs = 0;
   if (result.numel() > 0) compareSlices(result, exact, &diff2, &exact2, &maxAbs);
   const double rel = exact2 > 0 ? std::sqrt(diff2 / exact2) : (diff2 > 0 ? double(INFINITY) : 0.0);
-  const std::string key = dtypeName(result.scalar_type()) + " " +
+  const std::string key = (collective.empty() ? "" : collective + " ") +
+                          dtypeName(result.scalar_type()) + " " +
                           sizeClassName(result.numel() * int64_t(result.element_size()));
   const double took = exactSeconds + std::chrono::duration<double>(Clock::now() - start).count();
   std::lock_guard<std::mutex> lock(shadowMutex_);

@@ -108,7 +108,8 @@ class QncclBackend : public c10d::Backend {
   int cpuThreadsUsed() const { return cpuThreadsUsed_.load(); }
   int64_t releaseScratch();
   void resetStats();
-  // Shadow mode's statistics, keyed "<dtype> <size class>" (e.g. "float32 4 MiB to 8 MiB").
+  // Shadow mode's statistics, keyed "<dtype> <size class>" (e.g. "float32 4 MiB to 8 MiB"),
+  // prefixed for reduce-scatters and all-gathers ("reduce_scatter float32 4 MiB to 8 MiB").
   std::map<std::string, ShadowStat> shadowStats() const;
   // The sequence number the next quantized allreduce will carry (it seeds stochastic rounding).
   uint32_t nextCallSeq() const { return callSeq_; }
@@ -239,8 +240,9 @@ class QncclBackend : public c10d::Backend {
   std::string runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
                               std::chrono::milliseconds timeout, bool count = true);
   // Shadow mode: records the error of `result` against `exact` (plan.shadowed() calls).
+  // `collective`: prefixed to the key of calls other than allreduces ("reduce_scatter").
   void recordShadow(const Plan& plan, const at::Tensor& result, const at::Tensor& exact,
-                    double exactSeconds);
+                    double exactSeconds, const std::string& collective = "");
   c10::intrusive_ptr<c10d::Work> allreduceCuda(Plan plan, std::vector<at::Tensor>& tensors,
                                                const c10d::AllreduceOptions& opts);
   // The CUDA path of this group, set up (collectively, through the store) on first use.
@@ -279,6 +281,8 @@ class QncclBackend : public c10d::Backend {
   // On the progress thread: agreement, the run, the copies back, stats ("" when the ranks agree).
   std::string runShardedCpu(const Plan& plan, ShardedCall& call);
   void logSharded(const Plan& plan, const ShardedCall& call);
+  // Shadow mode: the inner backend's exact result of the call, on copies of its input.
+  at::Tensor exactOf(const ShardedCall& call);
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Backend> gloo_;

@@ -6,6 +6,8 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 
@@ -33,6 +35,20 @@ std::string dtypeText(at::ScalarType t) {
     default:
       return c10::toString(t);
   }
+}
+
+// "4 KiB to 8 KiB": the size class (a power of two of bytes) holding `bytes`, as the allreduce's
+// log and shadow keys spell it (backend.cpp)
+std::string sizeClassText(int64_t bytes) {
+  if (bytes == 0) return "0 B";
+  int k = 0;
+  while (k < 62 && (int64_t(2) << k) <= bytes) ++k;
+  auto name = [](int e) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    const int u = std::min(e / 10, 4);
+    return std::to_string(int64_t(1) << (e - 10 * u)) + " " + units[u];
+  };
+  return name(k) + " to " + name(k + 1);
 }
 
 bool complexOrSparse(const at::Tensor& t) {
@@ -91,10 +107,8 @@ void QncclBackend::logSharded(const Plan& plan, const ShardedCall& call) {
   } else {
     what = "passed through: " + plan.reason;
   }
-  const int64_t bytes = call.message.numel() * int64_t(call.message.element_size());
-  int k = 0;
-  while (k < 62 && (int64_t(2) << k) <= bytes) ++k;
-  const std::string size = "2^" + std::to_string(k) + " B";
+  const std::string size =
+      sizeClassText(call.message.numel() * int64_t(call.message.element_size()));
   const std::string dtype = dtypeText(call.message.scalar_type());
   {
     std::lock_guard<std::mutex> lock(logMutex_);
@@ -102,8 +116,8 @@ void QncclBackend::logSharded(const Plan& plan, const ShardedCall& call) {
       return;
     }
   }
-  std::fprintf(stderr, "%sINFO %s of %s to 2^%d B (%s): %s\n", prefix().c_str(), call.name,
-               size.c_str(), k + 1, dtype.c_str(), what.c_str());
+  std::fprintf(stderr, "%sINFO %s of %s (%s): %s\n", prefix().c_str(), call.name, size.c_str(),
+               dtype.c_str(), what.c_str());
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::passThroughSharded(ShardedCall& call) {
@@ -165,6 +179,13 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
   if (!mismatch.empty()) return mismatch;
   CpuCodecOps ops;
   std::lock_guard<std::mutex> lock(scratchMutex_);
+  // shadow mode: the exact collective of copies first (an in-place call overwrites its input)
+  const bool shadowed = plan.shadowed();
+  const auto shadowStart = std::chrono::steady_clock::now();
+  at::Tensor exact;
+  if (shadowed) exact = exactOf(call);
+  const double shadowSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - shadowStart).count();
   scratch_.begin();
   const int64_t n = plan.chunkElems;
   const int64_t own = int64_t(getRank()) * n;
@@ -195,6 +216,10 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
     if (!msg.is_same(call.message)) call.message.copy_(msg);
   }
   if (call.unpack) call.unpack(call);
+  if (shadowed) {
+    recordShadow(plan, plan.collective == kReduceScatter ? call.shard : call.message, exact,
+                 shadowSeconds, collectiveName(plan.collective));
+  }
   const int64_t in = call.collective == kReduceScatter ? call.message.numel() : call.shard.numel();
   const int64_t inBytes = in * int64_t(call.message.element_size());
   stats_.quantizedCalls++;
@@ -205,6 +230,29 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
   s.inputBytes += inBytes;
   s.wireBytes += transport.bytesSent();
   return "";
+}
+
+at::Tensor QncclBackend::exactOf(const ShardedCall& call) {
+  if (call.collective == kAllGather) {
+    at::Tensor out = at::empty({call.message.numel()}, call.message.options());
+    at::Tensor in = call.shard.reshape({-1}).clone();
+    c10d::AllgatherOptions o;
+    o.timeout = call.timeout;
+    gloo_->_allgather_base(out, in, o)->wait();
+    return out.view(call.message.sizes());
+  }
+  at::Tensor out = at::empty({call.shard.numel()}, call.shard.options());
+  at::Tensor in = call.message.reshape({-1}).clone();
+  c10d::ReduceScatterOptions o;
+  o.timeout = call.timeout;
+  o.reduceOp = call.op;
+  if (call.op.op_ == c10d::ReduceOp::PREMUL_SUM) {  // Gloo refuses it: NCCL's meaning
+    const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(call.op.supplement_.get());
+    in.mul_(s->double_factor);
+    o.reduceOp = c10d::ReduceOp::SUM;
+  }
+  gloo_->_reduce_scatter_base(out, in, o)->wait();
+  return out.view(call.shard.sizes());
 }
 
 // ---- the entry points ----

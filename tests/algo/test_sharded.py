@@ -33,7 +33,7 @@ def _inputs(world, numel, dtype, seed):
 
 
 def _same_bits(a, b):
-    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def _check_rs(g, xs, algo, op, factor=None, in_place=False, rs_bits=8):
@@ -215,3 +215,54 @@ def test_plan_gates_and_geometry():
     assert not p["quantize"] and p["reason"] == "PREMUL_SUM with a tensor factor"
     p = b.plan_sharded(2, big, big[:1000], R.SUM)
     assert p["quantize"] and not p["stochastic_rounding"]
+
+
+def test_shadow_mode_records_each_collective_apart():
+    g = inproc.group(2)
+    g.set_config(_cfg(shadow=1))
+    for b in g.backends:
+        b.reset_stats()
+    xs = _inputs(2, 2 * 1000, torch.float32, seed=11)
+    rs = g.reduce_scatter(xs, op="avg")
+    ag = g.all_gather([x[:1000] for x in xs], in_place=True)
+    # the caller still gets the quantized result, bit for bit as without shadowing
+    assert all(_same_bits(o, w.out) for o, w in zip(rs, ref.reduce_scatter(xs, op="avg")))
+    assert _same_bits(ag[0], ref.all_gather([x[:1000] for x in xs]).out)
+    shadow = g.stats()["shadow"]
+    assert set(shadow) == {
+        "reduce_scatter float32 2 KiB to 4 KiB",
+        "all_gather float32 4 KiB to 8 KiB",
+    }
+    for key, e in shadow.items():
+        assert e["calls"] == 1 and 0 < e["rel_l2_max"] < 0.01, (key, e)
+    g.set_config(_cfg())
+
+
+def test_non_contiguous_tensors_get_their_results():
+    g = inproc.group(2)
+    g.set_config(_cfg(algorithm="two_step"))
+    xs = _inputs(2, 2 * 300, torch.bfloat16, seed=12)
+    want = ref.reduce_scatter(xs, "two_step", 8)
+    outs = [torch.zeros(600, dtype=torch.bfloat16) for _ in range(2)]
+    ins = [torch.stack([x, x]).t().reshape(-1)[::2].clone() for x in xs]  # equal to xs
+    strided_ins = [torch.stack([x, torch.zeros_like(x)], 1).reshape(-1)[::2] for x in xs]
+    assert not strided_ins[0].is_contiguous() and torch.equal(strided_ins[0], ins[0])
+
+    def run(r):
+        o = dist.ReduceScatterOptions()
+        g.backends[r]._reduce_scatter_base(outs[r][::2], strided_ins[r], o).wait()
+
+    g.on_all(run)
+    for r in range(2):
+        assert _same_bits(outs[r][::2], want[r].out) and bool((outs[r][1::2] == 0).all())
+    # all-gather into a strided output
+    ag_out = [torch.zeros(1200) for _ in range(2)]
+    shards = [x[:300].float() for x in xs]
+
+    def run_ag(r):
+        o = torch._C._distributed_c10d.AllgatherOptions()
+        g.backends[r]._allgather_base(ag_out[r][::2], shards[r], o).wait()
+
+    g.on_all(run_ag)
+    want = ref.all_gather(shards, 8).out
+    assert all(_same_bits(o[::2], want) for o in ag_out)

@@ -131,3 +131,30 @@ def test_settings_and_config_fields():
     c = qcomm.QuantConfig(reduce_scatter=True)
     assert c.as_tuple()[11] is True and c.as_tuple()[12] is False
     assert c._timeout is None  # DeviceMesh's backend_override reads it
+
+
+def _log_worker(rank, world):
+    cfg = qcomm.QuantConfig(reduce_scatter=True, all_gather=True, tune=False)
+    qcomm.set_config(cfg)
+    for _ in range(2):
+        dist.reduce_scatter_tensor(torch.empty(1 << 18), torch.ones(1 << 19))  # 2 MiB: quantized
+        dist.reduce_scatter_tensor(torch.empty(8), torch.ones(16), op=dist.ReduceOp.MAX)
+        dist.all_gather_into_tensor(torch.empty(1 << 19), torch.ones(1 << 18))
+    return qcomm.stats()["by_collective"]["reduce_scatter"]["quantized_calls"]
+
+
+def test_the_decision_log_names_the_collective(capfd):
+    assert run_ranks(_log_worker, 2, env={"QCOMM_DEBUG": "INFO"}) == [2, 2]
+    err = capfd.readouterr().err.splitlines()
+    lines = [x for x in err if "INFO reduce_scatter" in x or "INFO all_gather" in x]
+    joined = "\n".join(lines)
+    assert (
+        "[qcomm rank 0/2] INFO reduce_scatter_tensor of 2 MiB to 4 MiB (float32): quantized with "
+        "two_step at 8 bits, groups of 128" in joined
+    ), joined
+    assert "of 64 B to 128 B (float32): passed through: op is not SUM, AVG or PREMUL_SUM" in joined
+    assert (
+        "INFO all_gather_into_tensor of 2 MiB to 4 MiB (float32): quantized with the gather "
+        in (joined)
+    )
+    assert len(lines) == 3, lines  # once per collective, size class and decision; rank 0 only
