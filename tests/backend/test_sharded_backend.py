@@ -24,6 +24,14 @@ def _mixed_worker(rank, world):
     problems = []
     if qcomm.get_config() != CFG:  # through the C++ config and back
         problems.append(f"get_config: {qcomm.get_config()}")
+    p = qcomm.plan(torch.empty(world * n), collective="reduce_scatter")
+    if not (p["quantize"] and p["chunk_elems"] == n and p["collective"] == "reduce_scatter"):
+        problems.append(f"plan(reduce_scatter): {p}")
+    p = qcomm.plan(torch.empty(n, dtype=torch.int64), collective="all_gather")
+    if p["quantize"] or p["reason"] != "dtype is not fp32, fp16 or bf16":
+        problems.append(f"plan(all_gather, int64): {p}")
+    if qcomm.plan(torch.empty(n))["collective"] != "all_reduce":
+        problems.append("plan() of an allreduce does not name it")
     # alone, one at a time
     rs_in, ag_in, ar_in = _x(rank, world * n, 1), _x(rank, n, 2), _x(rank, 4000, 3)
     rs_alone = torch.empty(n)

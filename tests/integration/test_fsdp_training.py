@@ -60,6 +60,7 @@ def test_fsdp2_quantized_reduce_scatter_matches_exact(exact):
     assert by["all_gather"]["quantized_calls"] == 0, by
 
 
+@pytest.mark.large  # another 2-rank training run; the all-gather's own tests are in process
 def test_fsdp2_quantized_all_gather_bf16(exact):
     cfg = _cfg(all_gather=True)
     quant = run_ranks(fsdp_train.train, 2, STEPS, 0, torch.bfloat16, pg_options=cfg, timeout=180)
@@ -72,7 +73,7 @@ def test_hsdp_replicate_dimension_on_qnccl():
     # 4 ranks: a (2, 2) mesh, the shard dimension on Gloo (exact reduce-scatters), the replicate
     # dimension on qnccl through backend_override with a QuantConfig: its allreduces quantized
     cfg = qcomm.QuantConfig(min_bytes=0, tune=False)
-    steps = 60
+    steps = 40
     exact = run_ranks(fsdp_train.train, 4, steps, backend="gloo", timeout=240)
     hsdp = run_ranks(fsdp_train.train, 4, steps, 0, None, cfg, backend="gloo", timeout=240)
     assert len({r["digest"] for r in hsdp}) == 1, "ranks ended with different parameters"
