@@ -266,3 +266,19 @@ def test_non_contiguous_tensors_get_their_results():
     g.on_all(run_ag)
     want = ref.all_gather(shards, 8).out
     assert all(_same_bits(o[::2], want) for o in ag_out)
+
+
+def test_non_finite_stays_non_finite():
+    g = inproc.group(2)
+    for algo in ALGOS:
+        g.set_config(_cfg(algorithm=algo))
+        xs = _inputs(2, 2 * 1000, torch.bfloat16, seed=13)
+        xs[0][1500] = float("nan")  # rank 1's shard, from rank 0's input
+        xs[1][10] = float("inf")  # rank 0's shard
+        outs = g.reduce_scatter(xs)
+        assert not bool(torch.isfinite(outs[1][500])) and not bool(torch.isfinite(outs[0][10]))
+        assert bool(torch.isfinite(outs[0][500:]).all()), algo  # other groups stay finite
+    shards = [x[:1000] for x in _inputs(2, 1000, torch.float32, seed=14)]
+    shards[1][7] = float("-inf")
+    for o in g.all_gather(shards):
+        assert not bool(torch.isfinite(o[1007])) and bool(torch.isfinite(o[:1000]).all())
