@@ -12,8 +12,15 @@ Rank 0 prints a table with ratios measured side by side in this one run, and wri
 --isas generic,avx512 (say) every quantized configuration runs once with each instruction set of
 the CPU codec loops (qcomm._C._testing.set_cpu_isa on every rank), labelled "algorithm [isa]".
 
+--collective reduce_scatter (or all_gather) times that collective instead, Gloo's against qnccl's
+(QuantConfig(reduce_scatter=True, all_gather=True)); a size is then the message: the
+reduce-scatter's input, the all-gather's output (each rank's shard is 1/W of it).
+
 Needs root (ip netns, tc). Example, the setting of issue 4:
     sudo .venv/bin/python benchmarks/slow_cluster.py --world 2 --rate 1gbit --sizes 64M
+    sudo .venv/bin/python benchmarks/slow_cluster.py --collective reduce_scatter --bits 8/8
+--local runs the ranks on this host over loopback instead, with no namespace or rate limit and no
+root: a smoke test that the script runs, not a measurement.
 """
 
 from __future__ import annotations
@@ -80,6 +87,25 @@ def _parse_size(text: str) -> int:
     return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
 
 
+def collective(name: str, x, group=None) -> None:
+    """One `name` collective ("all_reduce", "reduce_scatter", "all_gather") of the message x on
+    `group` (x: the allreduce's tensor, the reduce-scatter's input, or the all-gather's output,
+    whose own shard is the input)."""
+    import torch
+    import torch.distributed as dist
+
+    w = dist.get_world_size(group)
+    if name == "all_reduce":
+        dist.all_reduce(x, group=group)
+    elif name == "reduce_scatter":
+        out = torch.empty(x.numel() // w, dtype=x.dtype)
+        dist.reduce_scatter_tensor(out, x, group=group)
+    else:
+        n = x.numel() // w
+        out = torch.empty(n * w, dtype=x.dtype)
+        dist.all_gather_into_tensor(out, x[:n], group=group)
+
+
 def join(args, backend: str = "gloo", pg_options=None):
     """In a rank's namespace: --threads torch threads, the default group of `backend` through
     rank 0's address, and a separate Gloo group for the script's barriers and timings (never a
@@ -128,13 +154,14 @@ def worker(args) -> int:
         times = times[args.warmup :]
         return statistics.median(times), min(times), max(times)
 
+    what_call = args.collective
     for size in [_parse_size(s) for s in args.sizes.split(",")]:
-        n = size // 4
+        n = size // 4 // args.world * args.world  # whole shards
         x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
         base = {}
         for name, dtype in (("gloo_fp32", torch.float32), ("gloo_bf16", torch.bfloat16)):
             med, lo, hi = timed(
-                lambda t: dist.all_reduce(t, group=gloo), lambda x=x, dtype=dtype: x.to(dtype)
+                lambda t: collective(what_call, t, gloo), lambda x=x, dtype=dtype: x.to(dtype)
             )
             base[name] = med
             rows.append([size, name, "-", med, lo, hi, "", "", ""])
@@ -166,6 +193,8 @@ def worker(args) -> int:
                 rotate=rot,
                 tune=False,
                 shadow=shadow,
+                reduce_scatter=True,
+                all_gather=True,
             )
             configs.append((what, bits, isa, cfg))
 
@@ -178,7 +207,7 @@ def worker(args) -> int:
                 t = x.clone()
                 dist.barrier(group=gloo)
                 t0 = time.perf_counter()
-                dist.all_reduce(t)
+                collective(what_call, t)
                 dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
                 got.append(float(dt))
@@ -266,6 +295,8 @@ def run_workers(script: str, world: int, rate: str, delay, argv, timeout: float)
     exits 0. The scripts that time things over the emulated link (this one, ddp_slow_link.py,
     async_overlap.py, examples/diloco.py) all start their ranks here."""
     name = os.path.basename(script)
+    if "--local" in argv:
+        return run_local(script, world, argv, timeout)
     if os.geteuid() != 0:
         print(f"{name} needs root (ip netns, tc)", file=sys.stderr)
         return 2
@@ -332,6 +363,11 @@ def add_cluster_args(ap, port: int, timeout: float, delay: bool = True) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--port", type=int, default=port)
     ap.add_argument("--timeout", type=float, default=timeout)
+    ap.add_argument(
+        "--local",
+        action="store_true",
+        help="the same as --rate loopback: ranks on this host over 127.0.0.1 (a smoke test, no root)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--master", default=None, help=argparse.SUPPRESS)
@@ -364,6 +400,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_cluster_args(ap, port=29577, timeout=1800)
     ap.add_argument("--sizes", default="64M")
+    ap.add_argument(
+        "--collective",
+        default="all_reduce",
+        choices=("all_reduce", "reduce_scatter", "all_gather"),
+        help="the collective timed (a size is its message: the RS input, the AG output)",
+    )
     ap.add_argument("--algorithms", default="two_step,ring,semi_ring")
     ap.add_argument("--bits", default="8/8,4/8,4/4")
     ap.add_argument("--iters", type=int, default=3)

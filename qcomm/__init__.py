@@ -267,9 +267,13 @@ def stats(group=None) -> dict:
     the comparison with their real calls disagreed with the table; shadow (QuantConfig.shadow): per
     "<dtype> <size class>", the shadowed calls, the mean and largest relative L2 error of their
     quantized results against the exact allreduce, the largest absolute error of an element, and
-    the seconds the exact runs and comparisons took."""
+    the seconds the exact runs and comparisons took. by_collective: the same counters per
+    collective ("all_reduce", "reduce_scatter", "all_gather"; the allreduce's entry has no
+    passthrough_calls), each with its compression."""
     s = dict(backend_of(group).stats())
     s["compression"] = s["input_bytes"] / s["wire_bytes"] if s["wire_bytes"] else None
+    for e in s["by_collective"].values():
+        e["compression"] = e["input_bytes"] / e["wire_bytes"] if e["wire_bytes"] else None
     return s
 
 
@@ -314,10 +318,34 @@ def reset_stats(group=None) -> None:
     backend_of(group).reset_stats()
 
 
-def plan(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> dict:
-    """What an allreduce of `tensor` on `group` would do now: quantize or pass through (and why),
-    the algorithm, bits and chunking."""
-    return dict(backend_of(group).plan(tensor, op))
+#: collective names of :func:`plan` and ``stats()["by_collective"]`` -> code (csrc/plan/plan.h)
+COLLECTIVES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2}
+
+
+def plan(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, collective="all_reduce") -> dict:
+    """What a collective of `tensor` on `group` would do now: quantize or pass through (and why),
+    the algorithm, bits and chunking. `collective`: "all_reduce" (of `tensor`), "reduce_scatter"
+    (`tensor` is the input, W shards; the output is 1/W of it) or "all_gather" (`tensor` is the
+    input shard; the output is W times it)."""
+    be = backend_of(group)
+    if collective == "all_reduce":
+        d = dict(be.plan(tensor, op))
+        d["collective"] = collective
+        return d
+    if collective not in COLLECTIVES:
+        raise ValueError(
+            f"qcomm.plan: collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}"
+        )
+    world = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    if collective == "reduce_scatter":
+        message, shard = flat, flat[: max(0, flat.numel() // world)]
+        if flat.numel() % world:
+            shard = torch.empty(flat.numel() // world + 1, dtype=tensor.dtype)
+    else:
+        shard, message = flat, torch.empty(flat.numel() * world, dtype=tensor.dtype)
+        op = dist.ReduceOp.SUM
+    return dict(be.plan_sharded(COLLECTIVES[collective], message, shard, op))
 
 
 def tune(group=None, sizes=None, dtypes=(torch.float32,), device="cpu") -> list:

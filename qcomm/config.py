@@ -57,6 +57,14 @@ class QuantConfig:
         L2 and maximum absolute error, per size class, in ``qcomm.stats()["shadow"]``; the caller
         still gets the quantized result. Costs one exact allreduce, a copy and a comparison per
         shadowed call.
+    reduce_scatter: quantize ``reduce_scatter_tensor`` (and the list form ``reduce_scatter``)
+        with the reduce phase's codec (``rs_bits``): SUM, AVG and PREMUL_SUM with a scalar factor
+        (applied to the fp32 sum). Off by default. Not rotated in this version: with rotation on
+        (``rotate``, or 4-bit phases and ``rotate=None``) such calls pass through.
+    all_gather: quantize ``all_gather_into_tensor`` (and the list form ``all_gather``) with the
+        gather phase's codec (``ag_bits``), always rounding to nearest; every rank, the owner of
+        each shard included, holds the decoded bytes. Off by default: it changes the values every
+        rank computes with (weights in FSDP2, activations in Megatron's forward).
     """
 
     algorithm: str = "auto"
@@ -70,6 +78,13 @@ class QuantConfig:
     stochastic_rounding: bool = False
     tune: Optional[bool] = None
     shadow: int = 0
+    reduce_scatter: bool = False
+    all_gather: bool = False
+
+    #: torch's DeviceMesh reads ``pg_options._timeout`` from a ``(backend, pg_options)`` pair of
+    #: ``backend_override`` (torch 2.11 ``_init_one_process_group``); None keeps the mesh's own
+    #: timeout, so a QuantConfig can travel there.
+    _timeout = None
 
     def __post_init__(self) -> None:
         # one rule for the algorithm's spelling, as the settings reader's: any case
@@ -106,6 +121,8 @@ class QuantConfig:
             bool(self.stochastic_rounding),
             bool(self.tune),
             int(self.shadow),
+            bool(self.reduce_scatter),
+            bool(self.all_gather),
         )
 
     @classmethod
@@ -123,6 +140,8 @@ class QuantConfig:
             stochastic_rounding=bool(d["stochastic_rounding"]),
             tune=bool(d["tune"]),
             shadow=int(d["shadow"]),
+            reduce_scatter=bool(d.get("reduce_scatter", False)),
+            all_gather=bool(d.get("all_gather", False)),
         )
 
 
@@ -158,6 +177,9 @@ def validate(cfg: QuantConfig) -> None:
     v = cfg.shadow
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise _bad("shadow", v, "an integer >= 0 (0: off)")
+    for knob in ("reduce_scatter", "all_gather"):
+        if not isinstance(getattr(cfg, knob), bool):
+            raise _bad(knob, getattr(cfg, knob), "True or False")
 
 
 def _field_value(field: str, value: dict):
@@ -169,7 +191,7 @@ def _field_value(field: str, value: dict):
     if field == "rotate":  # a choice: auto (None), or a boolean's spellings
         text = value["text"]
         return None if text == "auto" else text in ("1", "true", "yes", "on")
-    if field in ("symmetric", "stochastic_rounding", "tune"):
+    if field in ("symmetric", "stochastic_rounding", "tune", "reduce_scatter", "all_gather"):
         return bool(value["number"])
     return int(value["number"])
 

@@ -25,7 +25,7 @@ megatron-core 0.16.1 (``parallel_state.get_tensor_model_parallel_group``, groups
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 import torch.distributed as dist
 
@@ -55,8 +55,19 @@ def _member_groups() -> List[dist.ProcessGroup]:
     return groups
 
 
-def quantize_tensor_parallel(config: QuantConfig, exact_elsewhere: bool = True) -> Dict[str, int]:
+def quantize_tensor_parallel(
+    config: QuantConfig,
+    exact_elsewhere: bool = True,
+    reduce_scatter: Optional[bool] = None,
+    all_gather: Optional[bool] = None,
+) -> Dict[str, int]:
     """Make this rank's Megatron tensor-parallel group quantize its allreduces with `config`.
+
+    With ``sequence_parallel=True`` Megatron's TP traffic is reduce-scatters and all-gathers
+    instead: `reduce_scatter` / `all_gather`, when given, override the config's fields of those
+    names (``QuantConfig.reduce_scatter``: the RowParallel outputs and the sequence-parallel input
+    gradients at ``rs_bits``; ``all_gather``: the activations gathered along the sequence at
+    ``ag_bits``, which changes what the forward computes with).
 
     Call it on every rank after ``megatron.core.parallel_state.initialize_model_parallel(...)``,
     between collectives. With ``exact_elsewhere`` (the default) every other qnccl group this rank
@@ -71,6 +82,10 @@ def quantize_tensor_parallel(config: QuantConfig, exact_elsewhere: bool = True) 
     """
     if not isinstance(config, QuantConfig):
         raise TypeError(f"qcomm: expected a QuantConfig, got {type(config).__name__}")
+    if reduce_scatter is not None:
+        config = config.replace(reduce_scatter=bool(reduce_scatter))
+    if all_gather is not None:
+        config = config.replace(all_gather=bool(all_gather))
     from megatron.core import parallel_state
 
     tp = parallel_state.get_tensor_model_parallel_group(check_initialized=False)

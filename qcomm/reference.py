@@ -351,34 +351,8 @@ def allreduce(
         if sl.stop <= sl.start:
             continue
         parts = [x[sl] for x in flat]
-
-        def nz(rank, phase, base=sl.start):
-            """(salt, base) of `rank`'s encode in `phase`, or None (round to nearest)."""
-            if stochastic_seq is None:
-                return None
-            return (noise_salt(stochastic_seq, rank, phase), base)
-
-        if algorithm == "two_step":
-            s = _start(parts[0]).hop(rs, nz(0, 0))
-            for r in range(1, world):
-                h = _start(parts[r]).hop(rs, nz(r, 0))
-                s = s.add(h.v, h.b)
-        elif algorithm == "ring":
-            # chunk c starts at rank c+1 and travels c+2, ..., ending at its owner c
-            r0 = (c + 1) % world
-            s = _start(parts[r0])
-            for j in range(2, world + 1):
-                s = s.hop(rs, nz((c + j - 1) % world, 0))
-                s = s.add(parts[(c + j) % world].to(F32), 0.0)
-        elif algorithm == "semi_ring":
-            R, L = world // 2, (world - 1) // 2
-            right = _chain(parts, [(c + d) % world for d in range(R, 0, -1)], rs, nz)
-            s = right.add(parts[c].to(F32), 0.0)
-            if L > 0:
-                left = _chain(parts, [(c - d) % world for d in range(L, 0, -1)], rs, nz)
-                s = s.add(left.v, left.b)
-        else:
-            raise ValueError(f"unknown algorithm {algorithm!r}")
+        nz = _noise_of(stochastic_seq, sl.start)
+        s = _reduce_chunk(parts, c, algorithm, rs, nz)
         if average:
             v = s.v / float(world)
             s = _Tracked(v, s.b / world + v.abs().to(F64) * 2.0**-24)
@@ -391,6 +365,121 @@ def allreduce(
     mags = torch.stack([x.to(F64).abs() for x in flat]).sum(0)
     bound = bound + world * 2.0**-23 * mags / (world if average else 1)
     return Result(out, bound, exact)
+
+
+def _noise_of(stochastic_seq: Optional[int], start: int):
+    """nz(rank, phase): the (salt, base) of `rank`'s encode in `phase` of the chunk that starts at
+    element `start` of the message, or None (round to nearest)."""
+
+    def nz(rank, phase):
+        if stochastic_seq is None:
+            return None
+        return (noise_salt(stochastic_seq, rank, phase), start)
+
+    return nz
+
+
+def _reduce_chunk(parts, c: int, algorithm: str, rs: Codec, nz) -> _Tracked:
+    """The reduce half of `algorithm` for chunk c (owned by rank c): parts[r] is rank r's input of
+    the chunk; returns the owner's fp32 sum with its bound (the allreduce's and the
+    reduce-scatter's shared part)."""
+    world = len(parts)
+    if algorithm == "two_step":
+        s = _start(parts[0]).hop(rs, nz(0, 0))
+        for r in range(1, world):
+            h = _start(parts[r]).hop(rs, nz(r, 0))
+            s = s.add(h.v, h.b)
+    elif algorithm == "ring":
+        # chunk c starts at rank c+1 and travels c+2, ..., ending at its owner c
+        r0 = (c + 1) % world
+        s = _start(parts[r0])
+        for j in range(2, world + 1):
+            s = s.hop(rs, nz((c + j - 1) % world, 0))
+            s = s.add(parts[(c + j) % world].to(F32), 0.0)
+    elif algorithm == "semi_ring":
+        R, L = world // 2, (world - 1) // 2
+        right = _chain(parts, [(c + d) % world for d in range(R, 0, -1)], rs, nz)
+        s = right.add(parts[c].to(F32), 0.0)
+        if L > 0:
+            left = _chain(parts, [(c - d) % world for d in range(L, 0, -1)], rs, nz)
+            s = s.add(left.v, left.b)
+    else:
+        raise ValueError(f"unknown algorithm {algorithm!r}")
+    return s
+
+
+def shards(n: int, world: int) -> List[slice]:
+    """torch's shards of a sharded collective's n-element message: rank r's is [r*n/W, (r+1)*n/W)
+    (csrc/plan/plan.cpp quantizedPlan, sharded calls); quantization groups start at each shard."""
+    m = n // world
+    return [slice(r * m, (r + 1) * m) for r in range(world)]
+
+
+def reduce_scatter(
+    xs: Sequence[torch.Tensor],
+    algorithm: str = "two_step",
+    rs_bits: int = 8,
+    group_size: int = 128,
+    symmetric: bool = False,
+    op: str = "sum",
+    factor: Optional[float] = None,
+    stochastic_seq: Optional[int] = None,
+) -> List[Result]:
+    """The quantized reduce-scatter of the per-rank 1-D inputs `xs` (numel a multiple of W): one
+    Result per rank, its shard. op: "sum", "avg" (the fp32 sum divided by W) or "premul" (the
+    fp32 sum times float32(factor), never the tensor's dtype). Not rotated (v1).
+
+    Bound: the reduce half's (as the allreduce's: one quantization per value for two_step, the
+    chain's hops for the rings), the scaling's fp32 rounding and the final cast; no gather term."""
+    world = len(xs)
+    flat = [x.flatten() for x in xs]
+    dtype = flat[0].dtype
+    rs = Codec(rs_bits or 0, group_size, symmetric, dtype)
+    exact_all = torch.stack([x.to(F64) for x in flat]).sum(0)
+    mags_all = torch.stack([x.to(F64).abs() for x in flat]).sum(0)
+    f32 = None if factor is None else torch.tensor(factor, dtype=F32)
+    out = []
+    for c, sl in enumerate(shards(flat[0].numel(), world)):
+        parts = [x[sl] for x in flat]
+        exact = exact_all[sl]
+        mags = mags_all[sl] * world * 2.0**-23
+        if sl.stop <= sl.start:
+            out.append(Result(torch.empty(0, dtype=dtype), exact.clone(), exact))
+            continue
+        s = _reduce_chunk(parts, c, algorithm, rs, _noise_of(stochastic_seq, sl.start))
+        b = s.b
+        if op == "avg":
+            v = s.v / float(world)
+            b = b / world + v.abs().to(F64) * 2.0**-24
+            exact, mags = exact / world, mags / world
+        elif op == "premul":
+            v = s.v * f32
+            fa = abs(float(f32))
+            b = b * fa + v.abs().to(F64) * 2.0**-24
+            exact, mags = exact * float(f32), mags * fa
+        else:
+            v = s.v
+        o = v.to(dtype)
+        out.append(Result(o, b + cast_bound(v.to(F64), dtype) + mags, exact))
+    return out
+
+
+def all_gather(
+    xs: Sequence[torch.Tensor], ag_bits: int = 8, group_size: int = 128, symmetric: bool = False
+) -> Result:
+    """The quantized all-gather of the per-rank 1-D shards `xs` (equal numel): what every rank
+    holds, rank r's shard at [r*n, (r+1)*n) decoded from the bytes rank r sent (its own rank too);
+    rounding to nearest always. Bound: one quantization and the cast, against the inputs."""
+    flat = [x.flatten() for x in xs]
+    dtype = flat[0].dtype
+    ag = Codec(ag_bits or 0, group_size, symmetric, dtype)
+    outs, bounds = [], []
+    for x in flat:
+        y, b = roundtrip(x, ag)
+        outs.append(y.to(dtype))
+        bounds.append(b + cast_bound(y.to(F64), dtype))
+    exact = torch.cat([x.to(F64) for x in flat])
+    return Result(torch.cat(outs), torch.cat(bounds), exact)
 
 
 def _allreduce_rotated(xs, algorithm, rs_bits, ag_bits, g, symmetric, average, seq) -> Result:

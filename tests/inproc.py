@@ -10,11 +10,21 @@ from __future__ import annotations
 import datetime
 import threading
 
+import torch
 import torch.distributed as dist
 
 import qcomm
 
 _OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}
+
+
+def reduce_op(op: str, factor=None):
+    """The ReduceOp of "sum", "avg", "max" or "premul" (PREMUL_SUM with `factor`)."""
+    if op == "premul":
+        return dist._make_nccl_premul_sum(factor)
+    if op == "max":
+        return dist.ReduceOp.MAX
+    return _OPS[op]
 
 
 class InProcGroup:
@@ -67,6 +77,49 @@ class InProcGroup:
             o = dist.AllreduceOptions()
             o.reduceOp = _OPS[op]
             self.backends[r].allreduce([outs[r]], o).wait()
+
+        self.on_all(run)
+        return outs
+
+    def reduce_scatter(self, xs, op: str = "sum", factor=None, in_place=False):
+        """reduce_scatter_tensor of the per-rank 1-D inputs `xs` (left unchanged unless
+        in_place: then each rank's output is its own shard of a copy of its input); returns the
+        per-rank outputs."""
+        world = self.world
+        ins = [x.clone() for x in xs]
+        n = xs[0].numel() // world
+        outs = [
+            ins[r].narrow(0, r * n, n) if in_place else torch.empty(n, dtype=xs[0].dtype)
+            for r in range(world)
+        ]
+
+        def run(r):
+            o = dist.ReduceScatterOptions()
+            o.reduceOp = reduce_op(op, factor)
+            self.backends[r]._reduce_scatter_base(outs[r], ins[r], o).wait()
+
+        self.on_all(run)
+        if not in_place:
+            for x, y in zip(xs, ins):
+                assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), "input changed"
+        return [o.clone() for o in outs]
+
+    def all_gather(self, xs, in_place=False):
+        """all_gather_into_tensor of the per-rank 1-D shards `xs`; in_place: each rank's input
+        is its own slot of the output (FSDP2's); returns the per-rank outputs."""
+        world, n = self.world, xs[0].numel()
+        outs = [torch.empty(world * n, dtype=xs[0].dtype) for _ in range(world)]
+        ins = []
+        for r in range(world):
+            if in_place:
+                outs[r].narrow(0, r * n, n).copy_(xs[r])
+                ins.append(outs[r].narrow(0, r * n, n))
+            else:
+                ins.append(xs[r].clone())
+
+        def run(r):
+            o = torch._C._distributed_c10d.AllgatherOptions()
+            self.backends[r]._allgather_base(outs[r], ins[r], o).wait()
 
         self.on_all(run)
         return outs

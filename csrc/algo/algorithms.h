@@ -25,6 +25,19 @@ namespace qcomm {
 void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data,
                   Scratch* scratch = nullptr);
 
+// A quantized reduce-scatter (plan.collective kReduceScatter): the reduce half of plan.algorithm
+// over `input` (contiguous, plan.numel = W x chunkElems elements), this rank's summed chunk scaled
+// (AVG, PREMUL_SUM) and cast into `output` (contiguous, chunkElems elements of the same dtype).
+// `input` is never written; `output` may be this rank's chunk of it (in place).
+void runReduceScatter(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& input,
+                      at::Tensor& output, Scratch* scratch = nullptr);
+
+// A quantized all-gather (plan.collective kAllGather): `data` (contiguous, plan.numel elements)
+// holds this rank's input in its slot (chunk rank); on return every slot holds the decoded gather
+// codec of its owner's input, this rank's own slot too (the same bits on every rank).
+void runAllGather(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data,
+                  Scratch* scratch = nullptr);
+
 // Whether the plan runs on a copy of the caller's tensor padded to whole groups (a rotated
 // message that ends inside a group).
 inline bool needsPadding(const Plan& plan) { return plan.numel != plan.userNumel; }

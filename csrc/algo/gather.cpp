@@ -1,4 +1,5 @@
-// The gather phase shared by two_step, ring and semi_ring (schedule.h, GatherPhase).
+// The gather phase shared by two_step, ring and semi_ring (schedule.h, GatherPhase), the
+// all-gather that is that phase alone, and the reduce-scatter's end (ShardOutput).
 #include "algo/schedule.h"
 
 namespace qcomm {
@@ -99,6 +100,43 @@ void GatherPhase::fromInput() {
     ownPieceReady(k, sum);
   }
   finish();
+}
+
+void ShardOutput::ownPieceReady(int k, float* sum) {
+  const ChunkRange own = c_.piece(c_.rank, k);
+  if (own.len == 0) return;
+  c_.step = "reduce-scatter (scale, write the output)";
+  if (c_.plan.average) c_.ops.divide(sum, own.len, c_.world);
+  if (c_.plan.premul) c_.ops.multiply(sum, own.len, c_.plan.factor);
+  const int64_t at = own.begin - c_.plan.chunk(c_.rank).begin;
+  uint8_t* dst = static_cast<uint8_t*>(c_.out->data_ptr()) + at * dtypeBytes(c_.plan.dtype);
+  c_.ops.castFromFloat(sum, own.len, c_.plan.dtype, dst);
+}
+
+void ShardOutput::fromInput() {
+  at::Tensor scratch = c_.floatBuffer(c_.pieceElems);
+  for (int k = 0; k < c_.pieces; ++k) {
+    const ChunkRange own = c_.piece(c_.rank, k);
+    if (own.len > 0)
+      c_.ops.castToFloat(c_.input(own.begin), c_.plan.dtype, own.len, scratch.data_ptr<float>());
+    ownPieceReady(k, scratch.data_ptr<float>());
+  }
+}
+
+std::unique_ptr<OwnChunk> ownChunkSink(Call& c, at::Tensor send, at::Tensor recv, float* scratch,
+                                       int tagBase) {
+  if (!c.gathers()) return std::make_unique<ShardOutput>(c);
+  return std::make_unique<GatherPhase>(c, std::move(send), std::move(recv), scratch, tagBase);
+}
+
+void allGather(Call& c) {
+  const int64_t unit = c.gatherUnit();
+  const bool inMessage = c.gatherInMessage();  // the gather phase needs no buffers
+  at::Tensor send = c.byteBuffer(inMessage ? 0 : unit * c.pieces);
+  at::Tensor recv = c.byteBuffer(inMessage ? 0 : unit * c.world * c.pieces);
+  at::Tensor scratch = c.floatBuffer(c.inPlace() ? 0 : c.pieceElems);
+  GatherPhase gather(c, send, recv, scratch.data_ptr<float>(), 0);
+  gather.fromInput();
 }
 
 }  // namespace algo

@@ -25,7 +25,7 @@ void ring(Call& c) {
   const int next = wrapRank(rank + 1, W), prev = wrapRank(rank - 1, W);
   auto sendChunk = [&](int s) { return wrapRank(rank - s - 1, W); };
   auto recvChunk = [&](int s) { return wrapRank(rank - s - 2, W); };
-  const int64_t rsUnit = c.unit(p.rs), agUnit = c.unit(p.ag);
+  const int64_t rsUnit = c.unit(p.rs), agUnit = c.gatherUnit();
   // a unit per (step, piece) where receives are posted early; else one, reused hop after hop
   const bool early = c.t.overlapsCodec();
   auto slot = [&](int s, int k) { return early ? int64_t(s) * P + k : 0; };
@@ -39,7 +39,7 @@ void ring(Call& c) {
   float* partialScratch = scratch.data_ptr<float>();
 
   // the gather phase's tags follow the reduce phase's (s * P + k < W * P)
-  GatherPhase gather(c, agSend, agRecv, partialScratch, W * P);
+  auto gather = ownChunkSink(c, agSend, agRecv, partialScratch, W * P);
   std::vector<int> hop(size_t(steps) * P);
   for (int s = 0; s < steps; ++s) {
     for (int k = 0; k < P; ++k) {
@@ -55,7 +55,7 @@ void ring(Call& c) {
   auto sent = [&](int s, int k) { c.t.ready(hop[size_t(s) * P + k], 0); };
 
   if (steps == 0) {  // a world of one: the sum is the input
-    return gather.fromInput();
+    return gather->fromInput();
   }
 
   c.step = "ring reduce-scatter (encode)";
@@ -88,11 +88,11 @@ void ring(Call& c) {
       } else {
         c.step = "ring reduce-scatter (decode, add)";
         if (piece.len > 0) c.ops.decodeAdd(got, p.rs, local, localDtype, piece.len, partial);
-        gather.ownPieceReady(k, partial);  // the last step completes this rank's own chunk
+        gather->ownPieceReady(k, partial);  // the last step completes this rank's own chunk
       }
     }
   }
-  gather.finish();
+  gather->finish();
 }
 
 }  // namespace algo

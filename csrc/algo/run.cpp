@@ -1,4 +1,5 @@
-// runAllreduce (algorithms.h): checks the call, runs its schedule, and names the step that failed.
+// runAllreduce, runReduceScatter, runAllGather (algorithms.h): check the call, run its schedule,
+// and name the step that failed.
 #include <c10/util/Exception.h>
 
 #include "algo/algorithms.h"
@@ -13,31 +14,13 @@ void ring(Call& c);      // ring.cpp
 void semiRing(Call& c);  // semi_ring.cpp
 }  // namespace algo
 
-void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data,
-                  Scratch* scratch) {
-  const std::string where = rankPrefix(t.rank(), plan.world) + "allreduce: ";
-  TORCH_CHECK_VALUE(plan.quantize, where, "the plan passes through (", plan.reason, ")");
-  TORCH_CHECK_VALUE(t.world() == plan.world, where, "a plan for ", plan.world,
-                    " ranks over a transport of ", t.world());
-  TORCH_CHECK_VALUE(data.is_contiguous() && data.numel() == plan.numel &&
-                        dtypeOf(data.scalar_type()) == plan.dtype,
-                    where, "expected a contiguous tensor of ", plan.numel,
-                    " elements of the plan's dtype, got ", data.sizes(), " ", data.scalar_type());
-  algo::Call c(plan, t, ops, data, scratch);
+namespace {
+
+// Runs `schedule` on the call and names the step that failed in any error it raises.
+template <typename F>
+void runChecked(const std::string& where, algo::Call& c, Transport& t, F&& schedule) {
   try {
-    switch (plan.algorithm) {
-      case kTwoStep:
-        algo::twoStep(c);
-        break;
-      case kRing:
-        algo::ring(c);
-        break;
-      case kSemiRing:
-        algo::semiRing(c);
-        break;
-      default:
-        TORCH_CHECK(false, "unknown algorithm ", plan.algorithm);
-    }
+    schedule();
     c.step = "the transfers still in flight";
     t.finish();
   } catch (const c10::Error& e) {
@@ -49,6 +32,67 @@ void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& dat
     if (msg.rfind("[qcomm rank", 0) == 0) throw;
     TORCH_CHECK(false, where, c.step, " failed: ", msg);
   }
+}
+
+// The checks every entry point makes of the plan, the transport and the message.
+void checkCall(const std::string& where, const Plan& plan, int32_t collective, Transport& t,
+               const at::Tensor& data) {
+  TORCH_CHECK_VALUE(plan.quantize, where, "the plan passes through (", plan.reason, ")");
+  TORCH_CHECK_VALUE(plan.collective == collective, where, "a plan for ",
+                    collectiveName(plan.collective));
+  TORCH_CHECK_VALUE(t.world() == plan.world, where, "a plan for ", plan.world,
+                    " ranks over a transport of ", t.world());
+  TORCH_CHECK_VALUE(data.is_contiguous() && data.numel() == plan.numel &&
+                        dtypeOf(data.scalar_type()) == plan.dtype,
+                    where, "expected a contiguous tensor of ", plan.numel,
+                    " elements of the plan's dtype, got ", data.sizes(), " ", data.scalar_type());
+}
+
+void runSchedule(algo::Call& c) {
+  switch (c.plan.algorithm) {
+    case kTwoStep:
+      algo::twoStep(c);
+      break;
+    case kRing:
+      algo::ring(c);
+      break;
+    case kSemiRing:
+      algo::semiRing(c);
+      break;
+    default:
+      TORCH_CHECK(false, "unknown algorithm ", c.plan.algorithm);
+  }
+}
+
+}  // namespace
+
+void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data,
+                  Scratch* scratch) {
+  const std::string where = rankPrefix(t.rank(), plan.world) + "allreduce: ";
+  checkCall(where, plan, kAllreduce, t, data);
+  algo::Call c(plan, t, ops, data, scratch);
+  runChecked(where, c, t, [&] { runSchedule(c); });
+}
+
+void runReduceScatter(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& input,
+                      at::Tensor& output, Scratch* scratch) {
+  const std::string where = rankPrefix(t.rank(), plan.world) + "reduce_scatter: ";
+  checkCall(where, plan, kReduceScatter, t, input);
+  TORCH_CHECK_VALUE(output.is_contiguous() && output.numel() == plan.chunkElems &&
+                        output.scalar_type() == input.scalar_type(),
+                    where, "expected a contiguous output of ", plan.chunkElems,
+                    " elements of the input's dtype, got ", output.sizes(), " ",
+                    output.scalar_type());
+  algo::Call c(plan, t, ops, input, scratch, &output);
+  runChecked(where, c, t, [&] { runSchedule(c); });
+}
+
+void runAllGather(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data,
+                  Scratch* scratch) {
+  const std::string where = rankPrefix(t.rank(), plan.world) + "all_gather: ";
+  checkCall(where, plan, kAllGather, t, data);
+  algo::Call c(plan, t, ops, data, scratch);
+  runChecked(where, c, t, [&] { algo::allGather(c); });
 }
 
 at::Tensor paddedCopy(const Plan& plan, const at::Tensor& t, at::Tensor storage) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,15 +21,18 @@ namespace algo {
 // a mod w in [0, w), for rank arithmetic that may go negative.
 inline int wrapRank(int a, int w) { return ((a % w) + w) % w; }
 
-// One allreduce call: the plan, the transport, the codec, the message, and the pieces each chunk
-// is cut into: the plan's microshards where the transport overlaps transfers with the codec,
-// else one (the whole chunk).
+// One call (allreduce, reduce-scatter or all-gather): the plan, the transport, the codec, the
+// message, and the pieces each chunk is cut into: the plan's microshards where the transport
+// overlaps transfers with the codec, else one (the whole chunk). A reduce-scatter's `out` is the
+// caller's shard (contiguous, chunkElems of plan.dtype); its message is never written.
 struct Call {
-  Call(const Plan& p, Transport& tr, CodecOps& o, at::Tensor& d, Scratch* s)
+  Call(const Plan& p, Transport& tr, CodecOps& o, at::Tensor& d, Scratch* s,
+       at::Tensor* shardOut = nullptr)
       : plan(p),
         t(tr),
         ops(o),
         data(d),
+        out(shardOut),
         scratch(s),
         rank(tr.rank()),
         world(p.world),
@@ -39,6 +43,7 @@ struct Call {
   Transport& t;
   CodecOps& ops;
   at::Tensor& data;
+  at::Tensor* out;
   Scratch* scratch;  // the group's kept buffers, or none (each buffer allocated for the call)
   const int rank;
   const int world;
@@ -56,8 +61,14 @@ struct Call {
   }
   float* inputFloats(int64_t offset) const { return static_cast<float*>(input(offset)); }
   // fp32 messages keep their partial sums in place, in the chunk's own elements: each rank adds
-  // its input to a chunk once, so that input is not needed again. Others sum in an fp32 scratch.
-  bool inPlace() const { return plan.dtype == kFloat32; }
+  // its input to a chunk once, so that input is not needed again. Others sum in an fp32 scratch,
+  // and so does a reduce-scatter: its message is the caller's input, which stays unchanged.
+  bool inPlace() const { return plan.dtype == kFloat32 && plan.collective != kReduceScatter; }
+  // Whether the schedule ends with the gather phase (allreduce, all-gather): a reduce-scatter
+  // hands the owner's sums to its output instead, and needs no gather buffers.
+  bool gathers() const { return plan.collective != kReduceScatter; }
+  // The gather unit, 0 where there is no gather phase.
+  int64_t gatherUnit() const { return gathers() ? unit(plan.ag) : 0; }
   // The encoded bytes of a piece (a reduce or gather unit), and its slot: 16-byte aligned.
   int64_t bytes(int64_t elems, const CodecSpec& c) const { return encodedBytes(elems, c); }
   int64_t unit(const CodecSpec& c) const { return alignUp16(encodedBytes(pieceElems, c)); }
@@ -72,7 +83,7 @@ struct Call {
   // that phase needs no buffers. Where some piece's encoding would not fit in its elements (a
   // partial group of a few elements) or the message is not 16-byte aligned, it keeps its buffers.
   bool gatherInMessage() const {
-    if (!t.overlapsCodec() || inPlace() || world < 2) return false;
+    if (!t.overlapsCodec() || inPlace() || world < 2 || !gathers()) return false;
     if (reinterpret_cast<uintptr_t>(data.data_ptr()) % 16 != 0) return false;
     for (int j = 0; j < world; ++j) {
       for (int k = 0; k < pieces; ++k) {
@@ -129,13 +140,27 @@ struct Call {
   static uint8_t* at(const at::Tensor& t, int64_t offset) { return t.data_ptr<uint8_t>() + offset; }
 };
 
+// What the reduce half of a schedule gives each summed piece of this rank's own chunk to: the
+// gather phase (allreduce) or the caller's output (reduce-scatter, ShardOutput).
+class OwnChunk {
+ public:
+  virtual ~OwnChunk() = default;
+  // Piece k of this rank's chunk is summed in `sum` (fp32, the piece's length; it may be
+  // modified). Call it for every piece, also an empty one.
+  virtual void ownPieceReady(int k, float* sum) = 0;
+  // After the reduce half: completes what the pieces started.
+  virtual void finish() = 0;
+  // A world of one, where the rings have no hop: the sum of each piece is the input itself.
+  virtual void fromInput() = 0;
+};
+
 // The gather phase every schedule ends with: as soon as a piece of this rank's own chunk is
 // summed, it is divided (AVG), encoded with the gather codec and sent to every rank, and decoded
 // into place from those same bytes (the owner never keeps its private fp32 sum: DESIGN invariant
 // 1); every peer's pieces are decoded into place as they arrive. Its exchanges are declared when
 // it is built, so that over a transport that overlaps the codec the receives are posted before
 // the reduce phase starts.
-class GatherPhase {
+class GatherPhase final : public OwnChunk {
  public:
   // send: pieces x the gather unit; recv: pieces x W units (both empty where
   // Call::gatherInMessage(): each piece's bytes then go from, and arrive in, the message's own
@@ -144,15 +169,14 @@ class GatherPhase {
   // phase may use.
   GatherPhase(Call& c, at::Tensor send, at::Tensor recv, float* scratch, int tagBase);
 
-  // Piece k of this rank's chunk is summed in `sum` (fp32, the piece's length; it may be
-  // modified). Call it for every piece, also an empty one.
-  void ownPieceReady(int k, float* sum);
+  // AVG divides the sum, the gather codec encodes it, and every rank (this one too) decodes it.
+  void ownPieceReady(int k, float* sum) override;
 
   // Decodes every peer's pieces as they arrive.
-  void finish();
+  void finish() override;
 
-  // A world of one, where the rings have no hop: the sum of each piece is the input itself.
-  void fromInput();
+  // Also the all-gather: each rank's slot of the message is its input.
+  void fromInput() override;
 
  private:
   // Decodes the gather-phase bytes of `range` into the message (through the scratch for fp16 and
@@ -166,6 +190,28 @@ class GatherPhase {
   int64_t unit_;
   std::vector<int> ids_;  // the exchange of piece k
 };
+
+// A reduce-scatter's end: each summed piece of this rank's chunk is scaled in fp32 (AVG divides by
+// W, PREMUL_SUM multiplies by the plan's factor) and cast into the caller's output. It posts no
+// exchange and allocates nothing.
+class ShardOutput final : public OwnChunk {
+ public:
+  explicit ShardOutput(Call& c) : c_(c) {}
+  void ownPieceReady(int k, float* sum) override;
+  void finish() override {}
+  void fromInput() override;
+
+ private:
+  Call& c_;
+};
+
+// The sink of the call's collective: a GatherPhase over these buffers (see its constructor), or
+// a ShardOutput for a reduce-scatter (the buffers are then empty and unused).
+std::unique_ptr<OwnChunk> ownChunkSink(Call& c, at::Tensor send, at::Tensor recv, float* scratch,
+                                       int tagBase);
+
+// The all-gather: the gather phase alone, each rank's slot of the message holding its input.
+void allGather(Call& c);
 
 }  // namespace algo
 }  // namespace qcomm

@@ -43,7 +43,7 @@ void semiRing(Call& c) {
   const int W = c.world, P = c.pieces, rank = c.rank;
   const int right = W / 2, left = (W - 1) / 2, leftStart = right - left;
   const int next = wrapRank(rank + 1, W), prev = wrapRank(rank - 1, W);
-  const int64_t rsUnit = c.unit(p.rs), agUnit = c.unit(p.ag);
+  const int64_t rsUnit = c.unit(p.rs), agUnit = c.gatherUnit();
   // Directions: 0 = right chain (send to prev, receive from next), 1 = left chain (the reverse).
   struct Dir {
     int steps;
@@ -67,7 +67,7 @@ void semiRing(Call& c) {
   float* partialScratch = scratch.data_ptr<float>();
 
   // the gather phase's tags follow the reduce phase's ((s * P + k) * 2 + d < 2 * W * P)
-  GatherPhase gather(c, agSend, agRecv, partialScratch, 2 * W * P);
+  auto gather = ownChunkSink(c, agSend, agRecv, partialScratch, 2 * W * P);
   // hop[s][k]: the exchange of global step s, piece k; leg 2 * i sends and 2 * i + 1 receives for
   // the i-th direction active at that step (the right chain, then the left from leftStart on)
   std::vector<int> hop(size_t(right) * P);
@@ -94,7 +94,7 @@ void semiRing(Call& c) {
   auto exchangeOf = [&](int d, int ds, int k) { return hop[size_t(ds + dirs[d].start) * P + k]; };
 
   if (right == 0) {  // a world of one: the sum is the input
-    return gather.fromInput();
+    return gather->fromInput();
   }
 
   c.step = "semi_ring reduce-scatter (encode)";
@@ -143,11 +143,11 @@ void semiRing(Call& c) {
       }
       if (s + 1 == right) {  // both halves of piece k are in
         const ChunkRange own = c.piece(rank, k);
-        gather.ownPieceReady(k, c.inPlace() ? c.inputFloats(own.begin) : partialScratch);
+        gather->ownPieceReady(k, c.inPlace() ? c.inputFloats(own.begin) : partialScratch);
       }
     }
   }
-  gather.finish();
+  gather->finish();
 }
 
 }  // namespace algo

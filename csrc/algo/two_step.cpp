@@ -28,7 +28,7 @@ namespace algo {
 void twoStep(Call& c) {
   const Plan& p = c.plan;
   const int W = c.world, P = c.pieces, rank = c.rank;
-  const int64_t rsUnit = c.unit(p.rs), agUnit = c.unit(p.ag);
+  const int64_t rsUnit = c.unit(p.rs), agUnit = c.gatherUnit();
   // Buffers, all allocated before the first exchange. rsSend/rsRecv: [piece k][rank] units of the
   // reduce codec. A stream-ordered transport has finished an exchange once it has been waited for,
   // so the gather phase reuses them; elsewhere it has its own.
@@ -42,7 +42,7 @@ void twoStep(Call& c) {
   const bool ownApart = !reuse;
   at::Tensor ownUnit = c.byteBuffer(ownApart ? rsUnit : 0);
 
-  GatherPhase gather(c, agSend, agRecv, scratch.data_ptr<float>(), P);
+  auto gather = ownChunkSink(c, agSend, agRecv, scratch.data_ptr<float>(), P);
   std::vector<int> reduce;
   for (int k = 0; k < P; ++k) {
     reduce.push_back(c.t.post(Exchange::slots(
@@ -83,10 +83,10 @@ void twoStep(Call& c) {
     } else {
       for (int j = 0; j < W; ++j) copy(j);  // nothing to sum; the exchange still completes
     }
-    gather.ownPieceReady(k, sum);
+    gather->ownPieceReady(k, sum);
   }
   // 3. decode every other chunk as its units arrive
-  gather.finish();
+  gather->finish();
 }
 
 }  // namespace algo

@@ -125,6 +125,12 @@ void QncclBackend::resetStats() {
   stats_.checkedClasses = 0;
   stats_.checkNanos = 0;
   stats_.retunedClasses = 0;
+  for (CollectiveStats& c : stats_.sharded) {
+    c.quantizedCalls = 0;
+    c.passthroughCalls = 0;
+    c.inputBytes = 0;
+    c.wireBytes = 0;
+  }
 }
 
 c10d::Backend* QncclBackend::pick(const at::Tensor& t, const char* op) const {
@@ -379,12 +385,13 @@ void compareSlices(const at::Tensor& q, const at::Tensor& e, double* diff2, doub
 }  // namespace
 
 void QncclBackend::recordShadow(const Plan& plan, const at::Tensor& result, const at::Tensor& exact,
-                                double exactSeconds) {
+                                double exactSeconds, const std::string& collective) {
   const Clock::time_point start = Clock::now();
   double diff2 = 0, exact2 = 0, maxAbs = 0;
   if (result.numel() > 0) compareSlices(result, exact, &diff2, &exact2, &maxAbs);
   const double rel = exact2 > 0 ? std::sqrt(diff2 / exact2) : (diff2 > 0 ? double(INFINITY) : 0.0);
-  const std::string key = dtypeName(result.scalar_type()) + " " +
+  const std::string key = (collective.empty() ? "" : collective + " ") +
+                          dtypeName(result.scalar_type()) + " " +
                           sizeClassName(result.numel() * int64_t(result.element_size()));
   const double took = exactSeconds + std::chrono::duration<double>(Clock::now() - start).count();
   std::lock_guard<std::mutex> lock(shadowMutex_);
@@ -626,22 +633,6 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::reduce(std::vector<at::Tensor>& ten
                  [=](c10d::Backend* b) mutable { return b->reduce(tensors, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> QncclBackend::allgather(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
-  refuseOverlap(outputs, "allgather");
-  return forward(pickAll(inputs, "allgather"), "allgather", c10d::OpType::ALLGATHER, flat(outputs),
-                 [=](c10d::Backend* b) mutable { return b->allgather(outputs, inputs, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> QncclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                             const c10d::AllgatherOptions& opts) {
-  refuseOverlap({output}, "all_gather_into_tensor");
-  return forward(pickAll({input}, "all_gather_into_tensor"), "all_gather_into_tensor",
-                 c10d::OpType::_ALLGATHER_BASE, {output},
-                 [=](c10d::Backend* b) mutable { return b->_allgather_base(output, input, opts); });
-}
-
 c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
@@ -677,24 +668,6 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::scatter(std::vector<at::Tensor>& ou
   refuseOverlap(inputs, "scatter");
   return forward(pickAll(outputs, "scatter"), "scatter", c10d::OpType::SCATTER, outputs,
                  [=](c10d::Backend* b) mutable { return b->scatter(outputs, inputs, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter(
-    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  refuseOverlap(inputs, "reduce_scatter");
-  return forward(
-      pickAll(outputs, "reduce_scatter"), "reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs,
-      [=](c10d::Backend* b) mutable { return b->reduce_scatter(outputs, inputs, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> QncclBackend::_reduce_scatter_base(
-    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  refuseOverlap({output}, "reduce_scatter_tensor");
-  return forward(pickAll({input}, "reduce_scatter_tensor"), "reduce_scatter_tensor",
-                 c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [=](c10d::Backend* b) mutable {
-                   return b->_reduce_scatter_base(output, input, opts);
-                 });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter_tensor_coalesced(

@@ -23,6 +23,14 @@
 
 namespace qcomm {
 
+// One collective's counters (stats()["by_collective"]).
+struct CollectiveStats {
+  std::atomic<int64_t> quantizedCalls{0};
+  std::atomic<int64_t> passthroughCalls{0};
+  std::atomic<int64_t> inputBytes{0};
+  std::atomic<int64_t> wireBytes{0};
+};
+
 struct Stats {
   std::atomic<int64_t> quantizedCalls{0};
   std::atomic<int64_t> passthroughCalls{0};
@@ -33,6 +41,29 @@ struct Stats {
   std::atomic<int64_t> checkedClasses{0};  // cached entries confirmed by the check at first use
   std::atomic<int64_t> checkNanos{0};      // time those checks took (re-tunes not included)
   std::atomic<int64_t> retunedClasses{0};  // classes measured again: check or drift disagreed
+  // reduce-scatters and all-gathers (sharded.cpp; also counted in the totals above), indexed by
+  // Collective: the allreduce's entry is the totals less these
+  CollectiveStats sharded[3];
+};
+
+// A reduce-scatter or all-gather as the sharded path (sharded.cpp) takes it.
+struct ShardedCall {
+  int32_t collective = kReduceScatter;  // or kAllGather
+  const char* name = "";                // "reduce_scatter_tensor", "all_gather_into_tensor", ...
+  c10d::OpType type = c10d::OpType::UNKNOWN;
+  at::Tensor message;  // reduce-scatter: the input (W shards); all-gather: the output
+  at::Tensor shard;    // reduce-scatter: the output; all-gather: the input
+  c10d::ReduceOp op;   // SUM for an all-gather
+  std::chrono::milliseconds timeout{0};
+  bool asyncOp = true;
+  bool shapeOk = true;              // the list forms check their shapes themselves
+  std::vector<at::Tensor> outputs;  // what the Work gives
+  // the inner backend's own call (pass-through)
+  std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend*)> inner;
+  // list forms: builds `message` (packing the inputs) once the call is to be quantized
+  std::function<void(ShardedCall&)> pack;
+  // list forms: after the quantized run, copies the message into the caller's tensors
+  std::function<void(ShardedCall&)> unpack;
 };
 
 // The CUDA side of a group (backend_cuda.cpp): the device, the transport chosen at the first
@@ -81,7 +112,8 @@ class QncclBackend : public c10d::Backend {
   int cpuThreadsUsed() const { return cpuThreadsUsed_.load(); }
   int64_t releaseScratch();
   void resetStats();
-  // Shadow mode's statistics, keyed "<dtype> <size class>" (e.g. "float32 4 MiB to 8 MiB").
+  // Shadow mode's statistics, keyed "<dtype> <size class>" (e.g. "float32 4 MiB to 8 MiB"),
+  // prefixed for reduce-scatters and all-gathers ("reduce_scatter float32 4 MiB to 8 MiB").
   std::map<std::string, ShadowStat> shadowStats() const;
   // The sequence number the next quantized allreduce will carry (it seeds stochastic rounding).
   uint32_t nextCallSeq() const { return callSeq_; }
@@ -124,6 +156,22 @@ class QncclBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
 
+  // reduce-scatter and all-gather: quantized where the config opts in (sharded.cpp), else passed
+  // through
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  // The plan a reduce-scatter (collective kReduceScatter) or all-gather would take now.
+  Plan planForSharded(int32_t collective, const at::Tensor& message, const at::Tensor& shard,
+                      c10d::ReduceOp op, bool shapeOk = true) const;
+
   // pass-through collectives, dispatched on the tensors' device
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -133,11 +181,6 @@ class QncclBackend : public c10d::Backend {
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                           std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override;
@@ -150,11 +193,6 @@ class QncclBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override;
@@ -212,8 +250,9 @@ class QncclBackend : public c10d::Backend {
   std::string runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
                               std::chrono::milliseconds timeout, bool count = true);
   // Shadow mode: records the error of `result` against `exact` (plan.shadowed() calls).
+  // `collective`: prefixed to the key of calls other than allreduces ("reduce_scatter").
   void recordShadow(const Plan& plan, const at::Tensor& result, const at::Tensor& exact,
-                    double exactSeconds);
+                    double exactSeconds, const std::string& collective = "");
   c10::intrusive_ptr<c10d::Work> allreduceCuda(Plan plan, std::vector<at::Tensor>& tensors,
                                                const c10d::AllreduceOptions& opts);
   // The CUDA path of this group, set up (collectively, through the store) on first use.
@@ -251,6 +290,14 @@ class QncclBackend : public c10d::Backend {
   bool cudaCapturing(const at::Tensor& t) const;
   void cudaSync(const at::Tensor& t) const;
   CallFacts factsOf(const at::Tensor& t, c10d::ReduceOp op) const;
+  // The sharded path (sharded.cpp): plan, pass through or queue the quantized run.
+  c10::intrusive_ptr<c10d::Work> sharded(ShardedCall call);
+  c10::intrusive_ptr<c10d::Work> passThroughSharded(ShardedCall& call);
+  // On the progress thread: agreement, the run, the copies back, stats ("" when the ranks agree).
+  std::string runShardedCpu(const Plan& plan, ShardedCall& call);
+  void logSharded(const Plan& plan, const ShardedCall& call);
+  // Shadow mode: the inner backend's exact result of the call, on copies of its input.
+  at::Tensor exactOf(const ShardedCall& call);
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Backend> gloo_;

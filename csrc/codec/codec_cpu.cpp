@@ -418,6 +418,12 @@ void divideBy(float* x, int64_t n, float divisor) {
   });
 }
 
+void multiplyBy(float* x, int64_t n, float factor) {
+  forElems(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] = x[i] * factor;
+  });
+}
+
 void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) {
   CodecSpec raw{0, 32, 1, dtype};
   encodeRaw(x, n, raw, static_cast<uint8_t*>(out));

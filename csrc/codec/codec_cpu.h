@@ -26,6 +26,8 @@ void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out);
 
 // x[i] = x[i] / divisor, in fp32 (AVG divides the sum by the world size).
 void divideBy(float* x, int64_t n, float divisor);
+// x[i] = x[i] * factor, in fp32 (PREMUL_SUM's factor, applied to the sum).
+void multiplyBy(float* x, int64_t n, float factor);
 
 // Rotation (codec.h hadamardGroup), fused into the codec: n a multiple of the group size (else
 // std::invalid_argument). encodeRotatedBlock: encodeBlock of H x (each group rotated on its way

@@ -38,6 +38,8 @@ void CpuCodecOps::castFromFloat(const float* x, int64_t n, int32_t dtype, void* 
 
 void CpuCodecOps::divide(float* x, int64_t n, int world) { divideBy(x, n, float(world)); }
 
+void CpuCodecOps::multiply(float* x, int64_t n, float factor) { multiplyBy(x, n, factor); }
+
 void CpuCodecOps::encodeRotated(const void* x, int32_t dtype, int64_t n, const CodecSpec& spec,
                                 uint8_t* dst, const Noise& noise) {
   encodeRotatedBlock(x, dtype, n, spec, dst, noise);
@@ -64,5 +66,9 @@ void CodecOps::encodeRotated(const void*, int32_t, int64_t, const CodecSpec&, ui
 }
 void CodecOps::decodeRotated(const uint8_t*, int64_t, const CodecSpec&, float*) { noRotation(); }
 void CodecOps::rotateToFloat(const void*, int32_t, int64_t, int, float*) { noRotation(); }
+
+void CodecOps::multiply(float*, int64_t, float) {
+  throw std::runtime_error("multiply (PREMUL_SUM's factor) is not available on this device");
+}
 
 }  // namespace qcomm

@@ -54,6 +54,9 @@ struct CodecOps {
   virtual void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) = 0;
   // x[i] = x[i] / world, in fp32 (AVG).
   virtual void divide(float* x, int64_t n, int world) = 0;
+  // x[i] = x[i] * factor, in fp32 (a reduce-scatter's PREMUL_SUM). A device without it throws
+  // std::runtime_error (CUDA: sharded calls pass through in this version).
+  virtual void multiply(float* x, int64_t n, float factor);
 
   // The rotated forms (QuantConfig.rotate), on whole groups: n a multiple of spec.groupSize.
   // Each group is rotated (codec.h hadamardGroup) on its way into the quantizer or out of the
@@ -79,6 +82,7 @@ struct CpuCodecOps final : CodecOps {
   void castToFloat(const void* x, int32_t dtype, int64_t n, float* out) override;
   void castFromFloat(const float* x, int64_t n, int32_t dtype, void* out) override;
   void divide(float* x, int64_t n, int world) override;
+  void multiply(float* x, int64_t n, float factor) override;
   void encodeRotated(const void* x, int32_t dtype, int64_t n, const CodecSpec& spec, uint8_t* dst,
                      const Noise& noise) override;
   void decodeRotated(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out) override;

@@ -75,6 +75,12 @@ std::vector<Declaration> makeDeclarations() {
           "every N-th quantized allreduce also runs the exact one on a copy and records the "
           "error (0: off)",
           "shadow");
+  boolean("QCOMM_REDUCE_SCATTER", S::kGroup, "0",
+          "quantize reduce_scatter_tensor and reduce_scatter with the reduce phase's codec",
+          "reduce_scatter");
+  boolean("QCOMM_ALL_GATHER", S::kGroup, "0",
+          "quantize all_gather_into_tensor and all_gather with the gather phase's codec",
+          "all_gather");
   text("QCOMM_TUNE_FILE", S::kGroup, "",
        "a regular file's path (a device node, FIFO or symlink is neither read nor written); "
        "empty: ~/.cache/qcomm/tune-<key>.json",

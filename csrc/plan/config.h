@@ -27,6 +27,11 @@ struct QuantConfig {
   // every shadow-th quantized allreduce (by the call's sequence number, alike on every rank) also
   // runs the exact allreduce of a copy of its input and records the error; 0: off
   int32_t shadow = 0;
+  // quantize eligible reduce_scatter_tensor / reduce_scatter calls with the reduce codec, and
+  // all_gather_into_tensor / all_gather calls with the gather codec; both off by default (an
+  // all-gather changes what every rank computes with, a reduce-scatter only the sums)
+  bool reduceScatter = false;
+  bool allGather = false;
 };
 
 // Whether the codec rotates: rotate, or with rotate = -1 whether a phase has 4 bits (on a real

@@ -2,6 +2,8 @@
 #include "plan/plan.h"
 
 #include <algorithm>
+#include <cstring>
+#include <sstream>
 
 namespace qcomm {
 namespace {
@@ -15,10 +17,22 @@ Plan factsOnly(const CallFacts& f) {
   p.numel = f.numel;
   p.dtype = f.dtype;
   p.average = f.opAvg;
+  p.collective = f.collective;
   return p;
 }
 
 }  // namespace
+
+const char* collectiveName(int32_t collective) {
+  switch (collective) {
+    case kReduceScatter:
+      return "reduce_scatter";
+    case kAllGather:
+      return "all_gather";
+    default:
+      return "all_reduce";
+  }
+}
 
 ChunkRange Plan::chunk(int c) const {
   const int64_t begin = std::min<int64_t>(int64_t(c) * chunkElems, numel);
@@ -38,16 +52,41 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* tab
     p.reason = why;
     return p;
   };
+  const bool rs = f.collective == kReduceScatter, ag = f.collective == kAllGather;
   if (cfg.algorithm == kAlgoNone) return passThrough("algorithm is none");
+  if (rs && !cfg.reduceScatter) {
+    return passThrough("reduce_scatter quantization is off (QuantConfig.reduce_scatter)");
+  }
+  if (ag && !cfg.allGather) {
+    return passThrough("all_gather quantization is off (QuantConfig.all_gather)");
+  }
+  if (rs && cfg.rsBits == 0) return passThrough("the reduce phase is none");
+  if (ag && cfg.agBits == 0) return passThrough("the gather phase is none");
   if (cfg.rsBits == 0 && cfg.agBits == 0) return passThrough("both phases are none");
   if (f.world < 2) return passThrough("world size 1");
   if (f.sparseOrComplex) return passThrough("sparse or complex tensor");
   if (f.dtype < 0) return passThrough("dtype is not fp32, fp16 or bf16");
-  if (!f.opSum && !f.opAvg) return passThrough("op is not SUM or AVG");
+  if (rs) {
+    if (f.opPremul && f.premulTensor) return passThrough("PREMUL_SUM with a tensor factor");
+    if (!f.opSum && !f.opAvg && !f.opPremul) {
+      return passThrough("op is not SUM, AVG or PREMUL_SUM");
+    }
+  } else if (!ag && !f.opSum && !f.opAvg) {
+    return passThrough("op is not SUM or AVG");
+  }
   if (f.numel == 0) return passThrough("empty tensor");
+  if (rs && !f.shapeOk) return passThrough("output is not 1/W of the input");
+  if (ag && !f.shapeOk) return passThrough("output is not W times the input");
   const int64_t bytes = f.numel * dtypeBytes(f.dtype);
   if (bytes < cfg.minBytes) return passThrough("message below min_bytes");
-  if (cfg.algorithm != kAuto || table == nullptr) return quantizedPlan(f, cfg);
+  if ((rs || ag) && rotates(cfg)) {
+    // v1: the rotated codec needs whole groups, which torch's shards are not in general
+    return passThrough(
+        "rotation is not supported for reduce_scatter and all_gather yet (QuantConfig.rotate="
+        "False quantizes them unrotated)");
+  }
+  // sharded calls are not tuned (v1): auto is two_step
+  if (cfg.algorithm != kAuto || table == nullptr || rs || ag) return quantizedPlan(f, cfg);
   const TuneEntry* e = table->find(f.dtype, sizeClassOf(bytes));
   if (e == nullptr) {
     Plan q = quantizedPlan(f, cfg);
@@ -70,7 +109,8 @@ Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {
   p.stochastic = cfg.stochasticRounding;
   p.shadow = cfg.shadow;
   p.userDtype = f.dtype;
-  if (rotates(cfg)) {
+  const bool sharded = f.collective != kAllreduce;
+  if (rotates(cfg) && !sharded) {
     // whole groups (the caller's tensor padded with zeros where it ends inside one); the codec
     // rotates each group as it encodes and decodes, and a phase set to none ships the rotated
     // values as fp32
@@ -85,14 +125,57 @@ Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {
   p.rs = CodecSpec{cfg.rsBits, cfg.groupSize, cfg.symmetric ? 1 : 0, raw};
   p.ag = CodecSpec{cfg.agBits, cfg.groupSize, cfg.symmetric ? 1 : 0, raw};
   const int64_t g = cfg.groupSize;
-  p.chunkElems = ceilDiv(ceilDiv(p.numel, g), f.world) * g;
+  // allreduce: chunks of whole groups; sharded calls: torch's shards, groups counted from each
+  // shard's first element (the codec's blocks start at their first element)
+  p.chunkElems =
+      sharded ? p.numel / std::max(1, f.world) : ceilDiv(ceilDiv(p.numel, g), f.world) * g;
   p.microshards = std::max(1, cfg.microshards);
   p.shardElems = ceilDiv(ceilDiv(p.chunkElems, g), p.microshards) * g;
+  if (f.collective == kAllGather) {
+    // weights: the same bytes every time a shard is gathered (forward and backward)
+    p.stochastic = false;
+    p.average = false;
+    p.algorithm = kTwoStep;
+  }
+  if (f.collective == kReduceScatter && f.opPremul) {
+    p.premul = true;
+    p.factor = float(f.premulFactor);
+  }
   return p;
 }
 
 namespace {
-constexpr int64_t kHeaderMagic = 0x71636f6d6d31;  // "qcomm1"
+// field 0: one magic per collective ("qcomm1" for allreduce, as before sharded calls existed)
+constexpr int64_t kHeaderMagic = 0x71636f6d6d31;         // "qcomm1"
+constexpr int64_t kMagicReduceScatter = 0x71636f6d7273;  // "qcomrs"
+constexpr int64_t kMagicAllGather = 0x71636f6d6167;      // "qcomag"
+int64_t magicOf(int32_t collective) {
+  return collective == kReduceScatter ? kMagicReduceScatter
+         : collective == kAllGather   ? kMagicAllGather
+                                      : kHeaderMagic;
+}
+std::string collectiveOfMagic(int64_t m) {
+  if (m == kHeaderMagic) return "a quantized allreduce";
+  if (m == kMagicReduceScatter) return "a quantized reduce_scatter";
+  if (m == kMagicAllGather) return "a quantized all_gather";
+  return "no quantized collective";
+}
+// field 3: 0 SUM, 1 AVG, PREMUL_SUM: 2 | (the factor's fp32 bits << 8)
+int64_t opField(const Plan& p) {
+  if (!p.premul) return p.average ? 1 : 0;
+  uint32_t bits;
+  std::memcpy(&bits, &p.factor, sizeof(bits));
+  return 2 | (int64_t(bits) << 8);
+}
+std::string opName(int64_t v) {
+  if ((v & 0xFF) != 2) return v ? "AVG" : "SUM";
+  const uint32_t bits = uint32_t(v >> 8);
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  std::ostringstream os;
+  os << "PREMUL_SUM(" << f << ")";
+  return os.str();
+}
 const char* const kHeaderNames[PlanHeader::kFields] = {
     "header",    "numel",
     "dtype",     "op",
@@ -107,7 +190,7 @@ std::string fieldValue(int field, int64_t v) {
     case 2:
       return v == kFloat32 ? "float32" : v == kFloat16 ? "float16" : "bfloat16";
     case 3:
-      return v ? "AVG" : "SUM";
+      return opName(v);
     case 4:
       return algoName(int32_t(v));
     case 5:
@@ -124,7 +207,7 @@ std::string fieldValue(int field, int64_t v) {
 }  // namespace
 
 PlanHeader headerOf(const Plan& p) {
-  return PlanHeader{{kHeaderMagic, p.userNumel, p.userDtype, p.average ? 1 : 0, p.algorithm,
+  return PlanHeader{{magicOf(p.collective), p.userNumel, p.userDtype, opField(p), p.algorithm,
                      p.rs.bits, p.ag.bits, p.rs.groupSize, p.rs.symmetric, p.microshards,
                      p.rotate ? 1 : 0, p.stochastic ? 1 : 0, p.shadow, int64_t(p.callSeq)}};
 }
@@ -145,7 +228,10 @@ std::string describeMismatch(const std::vector<PlanHeader>& headers) {
     for (size_t r = 1; r < headers.size(); ++r) {
       const int64_t a = headers[0].field[f], b = headers[r].field[f];
       if (a == b) continue;
-      if (f == 0) return "rank " + std::to_string(r) + " is not in a quantized allreduce";
+      if (f == 0) {
+        return "rank " + std::to_string(r) + " is in " + collectiveOfMagic(b) + ", rank 0 in " +
+               collectiveOfMagic(a);
+      }
       return std::string(kHeaderNames[f]) + " is " + fieldValue(f, a) + " on rank 0 but " +
              fieldValue(f, b) + " on rank " + std::to_string(r);
     }

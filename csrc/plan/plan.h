@@ -13,6 +13,12 @@
 
 namespace qcomm {
 
+// The collective a plan serves. The numbers are part of the C++/Python contract (qcomm.plan's
+// `collective`, the tuning cache).
+enum Collective : int32_t { kAllreduce = 0, kReduceScatter = 1, kAllGather = 2 };
+// "all_reduce", "reduce_scatter" or "all_gather" (the keys of stats()["by_collective"]).
+const char* collectiveName(int32_t collective);
+
 struct ChunkRange {
   int64_t begin;
   int64_t len;
@@ -26,6 +32,16 @@ struct Plan {
   CodecSpec ag{};                 // gather phase codec
   int32_t dtype = kFloat32;
   bool average = false;
+  // The collective. A reduce-scatter runs the reduce half of plan.algorithm and hands each summed
+  // piece of this rank's chunk to the caller's output; an all-gather runs the gather phase alone
+  // (algorithm is then two_step's, unused). Sharded calls (both) cut the message into chunks of
+  // exactly numel / world elements, torch's shards, with quantization groups counted from each
+  // chunk's first element.
+  int32_t collective = kAllreduce;
+  // PREMUL_SUM (reduce-scatter): the owner multiplies the fp32 sum by `factor` (the op's factor
+  // as fp32, never the tensor's dtype) before the cast into the output.
+  bool premul = false;
+  float factor = 1.0f;
   int world = 1;
   int64_t numel = 0;
   // Chunk c of the message is [c * chunkElems, ...) clipped to numel: one chunk per rank, a
@@ -70,7 +86,8 @@ inline Noise agNoise(const Plan& p, int rank, int64_t begin) {
   return Noise{noiseSalt(p.callSeq, rank, 1), begin, p.stochastic ? 1 : 0};
 }
 
-// Facts about one allreduce call. dtype is -1 when the tensor's dtype is not fp32/fp16/bf16.
+// Facts about one call. dtype is -1 when the tensor's dtype is not fp32/fp16/bf16. numel is the
+// message's: the tensor (allreduce), the input (reduce-scatter) or the output (all-gather).
 struct CallFacts {
   int64_t numel = 0;
   int32_t dtype = -1;
@@ -78,6 +95,13 @@ struct CallFacts {
   bool opAvg = false;
   bool sparseOrComplex = false;
   int world = 1;
+  int32_t collective = kAllreduce;
+  // sharded calls: the shard is numel / world elements of the message's dtype, both dense
+  bool shapeOk = true;
+  // PREMUL_SUM: with a host (double) factor, or with a tensor factor (passes through)
+  bool opPremul = false;
+  bool premulTensor = false;
+  double premulFactor = 1.0;
 };
 
 // `table`: the group's tuning table, consulted where cfg.algorithm is auto (none: not tuned).

@@ -24,6 +24,11 @@ inline QuantConfig configFromTuple(const pybind11::tuple& cfg) {
   c.stochasticRounding = cfg[8].cast<bool>();
   c.tune = cfg[9].cast<bool>();
   c.shadow = cfg[10].cast<int>();
+  // the sharded collectives' switches, off where an older tuple has no such fields
+  if (cfg.size() > 12) {
+    c.reduceScatter = cfg[11].cast<bool>();
+    c.allGather = cfg[12].cast<bool>();
+  }
   validateConfig(c);
   return c;
 }
@@ -41,6 +46,8 @@ inline pybind11::dict configToDict(const QuantConfig& c) {
   d["stochastic_rounding"] = c.stochasticRounding;
   d["tune"] = c.tune;
   d["shadow"] = c.shadow;
+  d["reduce_scatter"] = c.reduceScatter;
+  d["all_gather"] = c.allGather;
   return d;
 }
 

@@ -135,6 +135,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                shadow[py::str(kv.first)] = e;
              }
              d["shadow"] = shadow;
+             // per collective: the sharded path counts its own; the allreduce's is the rest
+             py::dict by;
+             const Stats& st = b.stats();
+             int64_t q = st.quantizedCalls, in = st.inputBytes, w = st.wireBytes;
+             for (int c : {int(kReduceScatter), int(kAllGather)}) {
+               py::dict e;
+               e["quantized_calls"] = st.sharded[c].quantizedCalls.load();
+               e["passthrough_calls"] = st.sharded[c].passthroughCalls.load();
+               e["input_bytes"] = st.sharded[c].inputBytes.load();
+               e["wire_bytes"] = st.sharded[c].wireBytes.load();
+               q -= st.sharded[c].quantizedCalls;
+               in -= st.sharded[c].inputBytes;
+               w -= st.sharded[c].wireBytes;
+               by[collectiveName(c)] = e;
+             }
+             py::dict ar;
+             ar["quantized_calls"] = q;
+             ar["input_bytes"] = in;
+             ar["wire_bytes"] = w;
+             by[collectiveName(kAllreduce)] = ar;
+             d["by_collective"] = by;
              return d;
            })
       .def("tuning",
@@ -174,7 +195,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             d["shard_elems"] = p.shardElems;
             return d;
           },
-          py::arg("tensor"), py::arg("op"));
+          py::arg("tensor"), py::arg("op"))
+      .def(
+          "plan_sharded",
+          [](const QncclBackend& b, int collective, const at::Tensor& message,
+             const at::Tensor& shard, c10d::ReduceOp op) {
+            const Plan p = b.planForSharded(collective, message, shard, op);
+            py::dict d;
+            d["collective"] = std::string(collectiveName(p.collective));
+            d["quantize"] = p.quantize;
+            d["reason"] = p.reason;
+            d["algorithm"] = std::string(algoName(p.quantize ? p.algorithm : kAlgoNone));
+            d["rs_bits"] = p.rs.bits;
+            d["ag_bits"] = p.ag.bits;
+            d["chunk_elems"] = p.chunkElems;
+            d["microshards"] = p.microshards;
+            d["rotate"] = p.rotate;
+            d["stochastic_rounding"] = p.stochastic;
+            d["shard_elems"] = p.shardElems;
+            d["premul_factor"] = p.premul ? py::object(py::float_(p.factor)) : py::none();
+            return d;
+          },
+          py::arg("collective"), py::arg("message"), py::arg("shard"), py::arg("op"));
 
   // the settings (common/settings.h): every QCOMM_* variable, read by one reader
   m.def("setting_declarations", &declaredSettings, "every QCOMM_* setting, as declared");

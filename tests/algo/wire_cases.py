@@ -7,6 +7,8 @@ bytes), every posted receive (peer, tag, length), the plan header's exchange, an
 collectives. For each case and rank the fixture holds a digest of the output's bytes and a digest
 of the sorted wire log. Two paths run: the backend's allreduce (what dist.all_reduce does on CPU
 tensors), and the collective schedule that CUDA tensors take (NCCL's shape, here over Gloo).
+Quantized reduce-scatters and all-gathers (the backend's _reduce_scatter_base and
+_allgather_base) follow, appended after the allreduces so that those keep their inputs.
 
     python tests/algo/wire_cases.py --record   # rewrite the fixture: only when a change is
                                                # meant to change the wire (say so in the commit)
@@ -76,6 +78,36 @@ def cases():
                 out.append(
                     (name + f" avg={avg} collective", world, "collective", c, dtype, numel, avg)
                 )
+    # sharded: `avg` holds the reduce-scatter's op ("sum", "avg", "premul": PREMUL_SUM(0.5)), or
+    # for an all-gather whether its input is its own slot of the output (in place)
+    for world in WORLDS:
+        for i, (algo, rs, dtype, shard) in enumerate(
+            itertools.product(ALGOS, (8, 4), DTYPES, (1, 129, 1000, 65539))
+        ):
+            if (i + world) % 2:
+                continue
+            cfg = dict(
+                algorithm=algo,
+                rs_bits=rs,
+                ag_bits=rs,
+                min_bytes=0,
+                microshards=(1, 3, 4)[(i // 2 + world) % 3],
+                symmetric=bool((i // 3) % 2),
+                stochastic_rounding=bool((i // 5) % 2),
+                rotate=False,
+                reduce_scatter=True,
+                all_gather=True,
+            )
+            name = f"W{world} {algo} {rs} {str(dtype)[6:]} shard={shard} " + " ".join(
+                f"{k}={v}" for k, v in cfg.items() if k in ("microshards", "symmetric")
+            )
+            op = ("sum", "avg", "premul")[i % 3]
+            rs_name = name + f" stochastic={cfg['stochastic_rounding']} op={op} reduce_scatter"
+            out.append((rs_name, world, "reduce_scatter", cfg, dtype, shard * world, op))
+            if algo == "two_step":  # the all-gather has one schedule
+                in_place = bool(i % 2)
+                ag_name = name + f" in_place={in_place} all_gather"
+                out.append((ag_name, world, "all_gather", cfg, dtype, shard * world, in_place))
     return out
 
 
@@ -94,8 +126,15 @@ def _sha(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest()[:16]
 
 
-def _call(g, r, outs, path, avg):
-    if path == "allreduce":
+def _call(g, r, outs, path, avg, ins=None):
+    if path == "reduce_scatter":
+        o = dist.ReduceScatterOptions()
+        o.reduceOp = inproc.reduce_op(avg, 0.5)
+        g.backends[r]._reduce_scatter_base(outs[r], ins[r], o).wait()
+    elif path == "all_gather":
+        o = torch._C._distributed_c10d.AllgatherOptions()
+        g.backends[r]._allgather_base(outs[r], ins[r], o).wait()
+    elif path == "allreduce":
         o = dist.AllreduceOptions()
         o.reduceOp = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
         g.backends[r].allreduce([outs[r]], o).wait()
@@ -112,14 +151,27 @@ def run_cases():
             groups[world] = inproc.InProcGroup(world, 120.0, _testing("RecordingBackend"))
         g = groups[world]
         xs = _inputs(world, numel, dtype, seed)
-        outs = [x.clone() for x in xs]
+        outs, ins = [x.clone() for x in xs], None
+        n = numel // world
+        if path == "reduce_scatter":
+            ins, outs = outs, [torch.empty(n, dtype=dtype) for _ in xs]
+        elif path == "all_gather":
+            outs = [torch.zeros(numel, dtype=dtype) for _ in xs]
+            if avg:  # in place: the input is this rank's slot of the output
+                ins = [outs[r].narrow(0, r * n, n) for r in range(world)]
+                for r in range(world):
+                    ins[r].copy_(xs[r][:n])
+            else:
+                ins = [x[:n].clone() for x in xs]
         config = qcomm.QuantConfig(**cfg).as_tuple()
         for b in g.backends:
             b.set_config(config)
         for rec in g.inner:
             rec.clear()
 
-        g.on_all(lambda r, g=g, outs=outs, path=path, avg=avg: _call(g, r, outs, path, avg))
+        g.on_all(
+            lambda r, g=g, outs=outs, path=path, avg=avg, ins=ins: _call(g, r, outs, path, avg, ins)
+        )
         per_rank = []
         for r in range(world):
             log = [tuple(e) for e in g.inner[r].log()]

@@ -800,6 +800,8 @@ def c_stats(ctx):
     assert counters.pop("checked_classes") == 0 and counters.pop("check_seconds") == 0
     assert counters.pop("retuned_classes") == 0
     assert counters.pop("shadow") == {}  # shadow mode off (tests/backend/test_shadow.py)
+    by = counters.pop("by_collective")  # per collective (tests/algo/test_sharded.py)
+    assert all(v == 0 for e in by.values() for k, v in e.items() if k != "compression"), by
     assert counters == {
         "quantized_calls": 0,
         "passthrough_calls": 0,
@@ -819,6 +821,8 @@ def c_stats(ctx):
     s, ss = qcomm.stats(), qcomm.stats(qq)
     assert (s["passthrough_calls"], s["quantized_calls"]) == (5, 1), s
     assert s["input_bytes"] == BIG * 4 and s["compression"] > 2, s
+    by = s["by_collective"]
+    assert by["all_gather"]["passthrough_calls"] == 1 and by["all_reduce"]["quantized_calls"] == 1
     assert (ss["passthrough_calls"], ss["quantized_calls"]) == (0, 2), ss
     assert ss["input_bytes"] == BIG * 4 + 40, ss
     qcomm.reset_stats(qq)

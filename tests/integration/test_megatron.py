@@ -246,3 +246,71 @@ def _tp_dp_body(rank, world):
 def test_tp_quantized_dp_and_default_exact():
     stats = run_ranks(_tp_dp_body, 4, pg_options=EXACT, timeout=150)
     assert all(s["quantized_calls"] == 2 for s in stats)
+
+
+def _sp_body(rank, world):
+    # Megatron-core's sequence-parallel mappings allocate their buffers on
+    # torch.cuda.current_device(); on this CPU-only test that device is the CPU
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    import qcomm
+    import qcomm.megatron
+
+    torch.cuda.current_device = lambda: "cpu"
+    ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    tp = ps.get_tensor_model_parallel_group()
+    mp = ModelParallelConfig(
+        tensor_model_parallel_size=2,
+        use_cpu_initialization=True,
+        gradient_accumulation_fusion=False,
+        sequence_parallel=True,
+    )
+
+    def init(w):
+        return torch.nn.init.normal_(w, std=0.05)
+
+    torch.manual_seed(1234)
+    col = ColumnParallelLinear(HIDDEN, FFN, config=mp, init_method=init, bias=True,
+                               gather_output=False)  # fmt: skip
+    row = RowParallelLinear(FFN, HIDDEN, config=mp, init_method=init, bias=True,
+                            input_is_parallel=True, skip_bias_add=False)  # fmt: skip
+    gen = torch.Generator().manual_seed(99)
+    xs = torch.randn(SEQ, BATCH, HIDDEN, generator=gen)
+    gs = torch.randn(SEQ, BATCH, HIDDEN, generator=gen)
+    half = SEQ // 2  # this rank's part of the sequence
+
+    def run():
+        x = xs[rank * half : (rank + 1) * half].clone().requires_grad_(True)
+        for p in list(col.parameters()) + list(row.parameters()):
+            p.grad = None
+        h, _ = col(x)
+        y, _ = row(torch.nn.functional.gelu(h))
+        y.backward(gs[rank * half : (rank + 1) * half])
+        return y.detach(), x.grad.clone()
+
+    y0, g0 = run()  # exact: the TP group passes through
+    cfg = qcomm.QuantConfig(min_bytes=0, tune=False, rotate=False)
+    qcomm.megatron.quantize_tensor_parallel(cfg, reduce_scatter=True, all_gather=True)
+    qcomm.reset_stats(tp)
+    y1, g1 = run()
+    by = qcomm.stats(tp)["by_collective"]
+    rel_y = float((y1 - y0).norm() / y0.norm())
+    rel_g = float((g1 - g0).norm() / g0.norm())
+    dist.barrier()
+    ps.destroy_model_parallel()
+    return by, rel_y, rel_g
+
+
+def test_sequence_parallel_reduce_scatter_and_all_gather_quantized():
+    for by, rel_y, rel_g in run_ranks(_sp_body, 2, pg_options=EXACT, timeout=150):
+        # forward: the input all-gathered, the output reduce-scattered; backward: the input's
+        # gradient reduce-scattered, the activation all-gathered again for the weight gradient
+        assert by["reduce_scatter"]["quantized_calls"] >= 2, by
+        assert by["all_gather"]["quantized_calls"] >= 1, by
+        assert by["all_reduce"]["quantized_calls"] == 0, by
+        print(f"sequence parallel, 8 bits: relative L2 error out {rel_y:.2e}, grad {rel_g:.2e}")
+        assert 0 < rel_y < 0.02 and 0 < rel_g < 0.02, (rel_y, rel_g)

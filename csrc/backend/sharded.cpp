@@ -1,0 +1,375 @@
+// QncclBackend's reduce-scatter and all-gather: one path for both (facts -> plan -> queue ->
+// agree -> run the schedule -> write the caller's tensors), quantized for host tensors where the
+// group's config opts in (QuantConfig.reduce_scatter / all_gather), passed through otherwise.
+#include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "algo/algorithms.h"
+#include "backend/backend.h"
+#include "backend/work.h"
+#include "codec/codec_ops.h"
+#include "common/errors.h"
+#include "common/settings.h"
+#include "common/torch_dtype.h"
+#include "transport/c10d_transport.h"
+
+namespace qcomm {
+namespace {
+
+// torch's own spelling of the dtypes the log names
+std::string dtypeText(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "float32";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    default:
+      return c10::toString(t);
+  }
+}
+
+// "4 KiB to 8 KiB": the size class (a power of two of bytes) holding `bytes`, as the allreduce's
+// log and shadow keys spell it (backend.cpp)
+std::string sizeClassText(int64_t bytes) {
+  if (bytes == 0) return "0 B";
+  int k = 0;
+  while (k < 62 && (int64_t(2) << k) <= bytes) ++k;
+  auto name = [](int e) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    const int u = std::min(e / 10, 4);
+    return std::to_string(int64_t(1) << (e - 10 * u)) + " " + units[u];
+  };
+  return name(k) + " to " + name(k + 1);
+}
+
+bool complexOrSparse(const at::Tensor& t) {
+  const bool complexView = t.is_view() && t._base().is_complex();
+  return t.is_sparse() || t.is_complex() || complexView || t.layout() != at::kStrided;
+}
+
+std::chrono::milliseconds timeoutOf(std::chrono::milliseconds opt,
+                                    std::chrono::milliseconds group) {
+  return opt == c10d::kUnsetTimeout ? group : opt;
+}
+
+}  // namespace
+
+Plan QncclBackend::planForSharded(int32_t collective, const at::Tensor& message,
+                                  const at::Tensor& shard, c10d::ReduceOp op, bool shapeOk) const {
+  CallFacts f;
+  f.collective = collective;
+  f.world = getSize();
+  f.numel = message.numel();
+  f.dtype = dtypeOf(message.scalar_type());
+  f.sparseOrComplex = complexOrSparse(message) || complexOrSparse(shard);
+  f.shapeOk = shapeOk && shard.numel() * getSize() == message.numel() &&
+              shard.scalar_type() == message.scalar_type() && shard.device() == message.device();
+  if (collective == kAllGather) {
+    f.opSum = true;
+  } else {
+    f.opSum = op.op_ == c10d::ReduceOp::SUM;
+    f.opAvg = op.op_ == c10d::ReduceOp::AVG;
+    if (op.op_ == c10d::ReduceOp::PREMUL_SUM) {
+      f.opPremul = true;
+      const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      f.premulTensor = s == nullptr || s->tensor_factor.defined();
+      if (s != nullptr) f.premulFactor = s->double_factor;
+    }
+  }
+  Plan p = makePlan(f, getConfig(), nullptr);
+  if (disabled_) {
+    p.quantize = false;
+    p.reason = "QCOMM_DISABLE=1: every collective passes through";
+  } else if (p.quantize && message.is_cuda()) {
+    p.quantize = false;
+    p.reason = "CUDA tensor: reduce_scatter and all_gather are quantized on host tensors only";
+  }
+  return p;
+}
+
+void QncclBackend::logSharded(const Plan& plan, const ShardedCall& call) {
+  if (getRank() != 0 || settings::text("QCOMM_DEBUG") == "WARN") return;
+  std::string what;
+  if (plan.quantize) {
+    const int bits = plan.collective == kReduceScatter ? plan.rs.bits : plan.ag.bits;
+    what = std::string("quantized with ") +
+           (plan.collective == kReduceScatter ? algoName(plan.algorithm) : "the gather phase") +
+           " at " + std::to_string(bits) + " bits, groups of " + std::to_string(plan.rs.groupSize);
+  } else {
+    what = "passed through: " + plan.reason;
+  }
+  const std::string size =
+      sizeClassText(call.message.numel() * int64_t(call.message.element_size()));
+  const std::string dtype = dtypeText(call.message.scalar_type());
+  {
+    std::lock_guard<std::mutex> lock(logMutex_);
+    if (!logged_.insert(std::string(call.name) + "/" + size + "/" + dtype + "/" + what).second) {
+      return;
+    }
+  }
+  std::fprintf(stderr, "%sINFO %s of %s (%s): %s\n", prefix().c_str(), call.name, size.c_str(),
+               dtype.c_str(), what.c_str());
+}
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::passThroughSharded(ShardedCall& call) {
+  stats_.sharded[call.collective].passthroughCalls++;
+  refuseOverlap(call.outputs, call.name);
+  refuseOverlap({call.message}, call.name);
+  return forward(pickAll({call.shard}, call.name), call.name, call.type, call.outputs, call.inner);
+}
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
+  TORCH_CHECK(!shutDown_, prefix(), call.name, ": the process group has been shut down");
+  const at::NoGradGuard noGrad;  // results are written as Gloo writes them, outside autograd
+  Plan plan = planForSharded(call.collective, call.message, call.shard, call.op, call.shapeOk);
+  logSharded(plan, call);
+  if (!plan.quantize) return passThroughSharded(call);
+  checkUsable(call.name);
+  refuseOverlap({call.message, call.shard}, call.name);
+  if (call.pack) call.pack(call);
+  plan.callSeq = callSeq_++;
+  const int bits = plan.collective == kReduceScatter ? plan.rs.bits : plan.ag.bits;
+  const char* title =
+      internTitle(std::string("qnccl:") + call.name + " " +
+                  (plan.collective == kReduceScatter ? algoName(plan.algorithm) : "gather") + " " +
+                  std::to_string(bits) + " g" + std::to_string(plan.rs.groupSize));
+  auto work = c10::make_intrusive<QueuedWork>(getRank(), call.type, title,
+                                              std::vector<at::Tensor>{call.shard}, call.outputs);
+  auto self = c10::intrusive_ptr<QncclBackend>::reclaim_copy(this);
+  const bool asyncOp = call.asyncOp;
+  auto run = [self, plan, call, work]() mutable {
+    const at::NoGradGuard noGrad;
+    self->checkUsable(call.name);
+    self->useCodecThreads();
+    std::string mismatch;
+    self->guardTransport([&] { mismatch = self->runShardedCpu(plan, call); });
+    TORCH_CHECK(mismatch.empty(), self->prefix(), call.name,
+                ": the ranks disagree on this call: ", mismatch,
+                ". Every rank must pass the same shapes, dtype and op, and hold the same "
+                "QuantConfig (qcomm.set_config on every rank).");
+    work->complete();
+  };
+  auto fail = [work](const std::exception_ptr& e) { work->fail(e); };
+  if (queue_.onThread()) {
+    try {
+      run();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  } else {
+    queue_.push(std::move(run), std::move(fail));
+  }
+  if (!asyncOp) work->wait();
+  return work;
+}
+
+std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
+  C10dTransport transport(gloo_.get(), getRank(), getSize(), call.timeout,
+                          C10dTransport::kPointToPoint);
+  const std::string mismatch = agreeOnPlan(plan, transport);
+  if (!mismatch.empty()) return mismatch;
+  CpuCodecOps ops;
+  std::lock_guard<std::mutex> lock(scratchMutex_);
+  // shadow mode: the exact collective of copies first (an in-place call overwrites its input)
+  const bool shadowed = plan.shadowed();
+  const auto shadowStart = std::chrono::steady_clock::now();
+  at::Tensor exact;
+  if (shadowed) exact = exactOf(call);
+  const double shadowSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - shadowStart).count();
+  scratch_.begin();
+  const int64_t n = plan.chunkElems;
+  const int64_t own = int64_t(getRank()) * n;
+  if (plan.collective == kReduceScatter) {
+    at::Tensor in = call.message.is_contiguous() ? call.message : call.message.contiguous();
+    at::Tensor out = call.shard.is_contiguous() ? call.shard : call.shard.contiguous();
+    // In place (the output is this rank's own shard of the input) works as it is: each piece of
+    // the own shard is read before its sum is written. Any other overlap runs on a copy.
+    if (out.is_same(call.shard) && at::get_overlap_status(out, in) != at::MemOverlapStatus::No &&
+        out.data_ptr() != in.reshape({-1}).narrow(0, own, n).data_ptr()) {
+      in = in.clone();
+    }
+    at::Tensor flatIn = in.reshape({-1});
+    at::Tensor flatOut = out.reshape({-1});
+    runReduceScatter(plan, transport, ops, flatIn, flatOut, &scratch_);
+    if (!out.is_same(call.shard)) call.shard.copy_(out);
+  } else {
+    at::Tensor msg = call.message.is_contiguous() ? call.message : call.message.contiguous();
+    at::Tensor flat = msg.reshape({-1});
+    at::Tensor slot = flat.narrow(0, own, n);
+    // the input into this rank's slot, unless it already is that slot (FSDP2's all-gather)
+    if (slot.data_ptr() != call.shard.data_ptr() || !call.shard.is_contiguous()) {
+      at::Tensor src = call.shard.reshape({-1});
+      if (at::get_overlap_status(src, flat) != at::MemOverlapStatus::No) src = src.clone();
+      slot.copy_(src);
+    }
+    runAllGather(plan, transport, ops, flat, &scratch_);
+    if (!msg.is_same(call.message)) call.message.copy_(msg);
+  }
+  if (call.unpack) call.unpack(call);
+  if (shadowed) {
+    recordShadow(plan, plan.collective == kReduceScatter ? call.shard : call.message, exact,
+                 shadowSeconds, collectiveName(plan.collective));
+  }
+  const int64_t in = call.collective == kReduceScatter ? call.message.numel() : call.shard.numel();
+  const int64_t inBytes = in * int64_t(call.message.element_size());
+  stats_.quantizedCalls++;
+  stats_.inputBytes += inBytes;
+  stats_.wireBytes += transport.bytesSent();
+  CollectiveStats& s = stats_.sharded[plan.collective];
+  s.quantizedCalls++;
+  s.inputBytes += inBytes;
+  s.wireBytes += transport.bytesSent();
+  return "";
+}
+
+at::Tensor QncclBackend::exactOf(const ShardedCall& call) {
+  if (call.collective == kAllGather) {
+    at::Tensor out = at::empty({call.message.numel()}, call.message.options());
+    at::Tensor in = call.shard.reshape({-1}).clone();
+    c10d::AllgatherOptions o;
+    o.timeout = call.timeout;
+    gloo_->_allgather_base(out, in, o)->wait();
+    return out.view(call.message.sizes());
+  }
+  at::Tensor out = at::empty({call.shard.numel()}, call.shard.options());
+  at::Tensor in = call.message.reshape({-1}).clone();
+  c10d::ReduceScatterOptions o;
+  o.timeout = call.timeout;
+  o.reduceOp = call.op;
+  if (call.op.op_ == c10d::ReduceOp::PREMUL_SUM) {  // Gloo refuses it: NCCL's meaning
+    const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(call.op.supplement_.get());
+    in.mul_(s->double_factor);
+    o.reduceOp = c10d::ReduceOp::SUM;
+  }
+  gloo_->_reduce_scatter_base(out, in, o)->wait();
+  return out.view(call.shard.sizes());
+}
+
+// ---- the entry points ----
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  ShardedCall c;
+  c.collective = kReduceScatter;
+  c.name = "reduce_scatter_tensor";
+  c.type = c10d::OpType::_REDUCE_SCATTER_BASE;
+  c.message = input;
+  c.shard = output;
+  c.op = opts.reduceOp;
+  c.timeout = timeoutOf(opts.timeout, timeout_);
+  c.asyncOp = opts.asyncOp;
+  c.outputs = {output};
+  const bool lower = !input.is_cuda() && opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM &&
+                     getConfig().reduceScatter;
+  c.inner = [=](c10d::Backend* b) mutable {
+    if (!lower) return b->_reduce_scatter_base(output, input, opts);
+    // Gloo refuses PREMUL_SUM: on a group that quantizes reduce-scatters the unquantized ones
+    // mean the same (NCCL's order: each rank's input times the factor, then summed)
+    const auto* s =
+        dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(opts.reduceOp.supplement_.get());
+    TORCH_CHECK_VALUE(s != nullptr, "[qcomm] PREMUL_SUM without its factor");
+    at::Tensor scaled =
+        s->tensor_factor.defined() ? input.mul(s->tensor_factor) : input.mul(s->double_factor);
+    c10d::ReduceScatterOptions o = opts;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    return b->_reduce_scatter_base(output, scaled, o);
+  };
+  return sharded(std::move(c));
+}
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  refuseOverlap(inputs, "reduce_scatter");
+  TORCH_CHECK_VALUE(!outputs.empty(), prefix(), "reduce_scatter: no tensors given");
+  ShardedCall c;
+  c.collective = kReduceScatter;
+  c.name = "reduce_scatter";
+  c.type = c10d::OpType::REDUCE_SCATTER;
+  c.shard = outputs[0];
+  c.op = opts.reduceOp;
+  c.timeout = timeoutOf(opts.timeout, timeout_);
+  c.asyncOp = opts.asyncOp;
+  c.outputs = outputs;
+  // one output, W inputs like it: planned as the packed message, packed only if quantized
+  bool ok = outputs.size() == 1 && inputs.size() == 1 && int(inputs[0].size()) == getSize();
+  for (size_t j = 0; ok && j < inputs[0].size(); ++j) {
+    const at::Tensor& x = inputs[0][j];
+    ok = x.numel() == c.shard.numel() && x.scalar_type() == c.shard.scalar_type() &&
+         x.device() == c.shard.device() && x.layout() == at::kStrided && !complexOrSparse(x);
+  }
+  c.shapeOk = ok;
+  c.message = at::empty({0}, c.shard.options());
+  if (ok) {
+    c.message = at::empty({c.shard.numel() * getSize()}, c.shard.options());
+    c.pack = [inputs](ShardedCall& call) {
+      for (size_t j = 0; j < inputs[0].size(); ++j) {
+        call.message.narrow(0, int64_t(j) * call.shard.numel(), call.shard.numel())
+            .copy_(inputs[0][j].reshape({-1}));
+      }
+    };
+  }
+  c.inner = [=](c10d::Backend* b) mutable { return b->reduce_scatter(outputs, inputs, opts); };
+  return sharded(std::move(c));
+}
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                             const c10d::AllgatherOptions& opts) {
+  ShardedCall c;
+  c.collective = kAllGather;
+  c.name = "all_gather_into_tensor";
+  c.type = c10d::OpType::_ALLGATHER_BASE;
+  c.message = output;
+  c.shard = input;
+  c.timeout = timeoutOf(opts.timeout, timeout_);
+  c.asyncOp = opts.asyncOp;
+  c.outputs = {output};
+  c.inner = [=](c10d::Backend* b) mutable { return b->_allgather_base(output, input, opts); };
+  return sharded(std::move(c));
+}
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  refuseOverlap(outputs, "allgather");
+  TORCH_CHECK_VALUE(!inputs.empty(), prefix(), "allgather: no tensors given");
+  ShardedCall c;
+  c.collective = kAllGather;
+  c.name = "all_gather";
+  c.type = c10d::OpType::ALLGATHER;
+  c.shard = inputs[0];
+  c.timeout = timeoutOf(opts.timeout, timeout_);
+  c.asyncOp = opts.asyncOp;
+  for (const auto& v : outputs) c.outputs.insert(c.outputs.end(), v.begin(), v.end());
+  bool ok = inputs.size() == 1 && outputs.size() == 1 && int(outputs[0].size()) == getSize();
+  for (size_t j = 0; ok && j < outputs[0].size(); ++j) {
+    const at::Tensor& x = outputs[0][j];
+    ok = x.numel() == c.shard.numel() && x.scalar_type() == c.shard.scalar_type() &&
+         x.device() == c.shard.device() && x.layout() == at::kStrided && !complexOrSparse(x);
+  }
+  c.shapeOk = ok;
+  c.message = at::empty({ok ? c.shard.numel() * getSize() : 0}, c.shard.options());
+  if (ok) {
+    c.unpack = [outputs](ShardedCall& call) {
+      for (size_t j = 0; j < outputs[0].size(); ++j) {
+        at::Tensor o = outputs[0][j];
+        o.copy_(call.message.narrow(0, int64_t(j) * call.shard.numel(), call.shard.numel())
+                    .view(o.sizes()));
+      }
+    };
+  }
+  c.inner = [=](c10d::Backend* b) mutable { return b->allgather(outputs, inputs, opts); };
+  return sharded(std::move(c));
+}
+
+}  // namespace qcomm
