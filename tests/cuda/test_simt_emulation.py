@@ -20,8 +20,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def build_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("simt"))
+def build_dir(simt_build_dir):
+    return simt_build_dir
 
 
 def _run(what, build_dir, *args, tsan=False):
