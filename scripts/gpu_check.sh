@@ -220,6 +220,9 @@ run_step() {
 }
 export QCOMM_IPC_SPIN_TIMEOUT_MS="${QCOMM_IPC_SPIN_TIMEOUT_MS:-20000}"  # fail fast, never hang
 export QCOMM_CUDA_QUANTIZE=1  # the quantized CUDA path is opt-in (README, "CUDA tensors")
+# no tuning unless a step asks for it (QCOMM_TUNE=1 there): `auto` would measure each size class
+# first, and the CUDA tuner needs an NCCL backend that the thread-rank benchmarks do not have
+export QCOMM_TUNE=0
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs)
 # QUICK=1: skips (a), (c), (f), the cost model and the build's tests (while iterating)
 QUICK="${QUICK:-0}"
@@ -470,7 +473,8 @@ fi
 step "the tuner under torchrun (python -m qcomm.tune)"
 if [ "$GPUS" -ge 2 ]; then
   # one rank a GPU, as NCCL needs (the exact candidate is NCCL's allreduce): the CUDA choices.
-  OPTIONAL=1 run_step 60 "$LOGS/tune.txt" "$PY" -m torch.distributed.run --standalone \
+  OPTIONAL=1 run_step 60 "$LOGS/tune.txt" env QCOMM_TUNE=1 "$PY" -m torch.distributed.run \
+    --standalone \
     --nproc_per_node="$NPROC" -m qcomm.tune --device cuda --dtypes bfloat16 --max-size 16M
   grep -E 'qcomm.tune:|choice|MiB|tuning took' "$LOGS/tune.txt" | tee -a "$OUT/summary.txt"
 else
