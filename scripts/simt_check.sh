@@ -72,7 +72,8 @@ if [[ "$WHAT" == codec || "$WHAT" == all ]]; then
 fi
 # the schedules (csrc/algo) with the CUDA codec operations over the kernels run here, their
 # exchanges through the CUDA-IPC copy schedule on host buffers: scripts/simt_check.sh schedules DIR
-# (DIR/cases.txt and its inputs: tests/native/simt/schedule_main.cpp; tests/cuda/test_simt_schedules.py)
+# (DIR/cases.txt and its inputs: tests/native/simt/schedule_main.cpp; run by
+# tests/cuda/test_simt_schedules.py)
 if [[ "$WHAT" == schedules ]]; then
   obj "$OUTDIR/codec_kernels.o" csrc/cuda/codec_kernels.cu "${KERNEL[@]}"
   obj "$OUTDIR/cuda_codec_ops.o" csrc/cuda/cuda_codec_ops.cpp -DQCOMM_WITH_CUDA=1
