@@ -101,10 +101,13 @@ pack() {  # on every exit, a failed build's too: at most 8 files in $OUT
   local rc=$? f
   if [ -z "${TABLE_DONE:-}" ] && [ -n "${RESULTS+set}" ]; then  # cut short: the steps so far
     {
+      # the step that was running: its output so far
+      [ -n "${RUNNING:-}" ] && [ -f "$RUNNING" ] && tail -80 "$RUNNING"
       echo "result: cut short (exit $rc); the steps that ran:"
       echo "| step | result | seconds |"
       echo "|---|---|---|"
       printf '%s\n' "${RESULTS[@]}"
+      [ -n "${RUNNING:-}" ] && echo "| $CURRENT | cut short while running | - |"
     } >>"$OUT/summary.txt"
   fi
   for f in "$OUT"/* "$OUT"/.[!.]*; do
@@ -226,8 +229,10 @@ run_step() {
   fi
   local t0=$SECONDS rc what=ok own
   own="$LOGS/step_$((${#RESULTS[@]} + 1)).log"
+  RUNNING="$own"
   timeout -k 10 "$t" "$@" >"$own" 2>&1
   rc=$?
+  RUNNING=""
   cat "$own" >>"$log"
   # the summary keeps a step's tail; a failed or cut step's last 80 lines (its tracebacks)
   if [ "$rc" -eq 0 ]; then tail -15 "$own"; else tail -80 "$own"; fi | tee -a "$OUT/summary.txt"
