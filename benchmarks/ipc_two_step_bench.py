@@ -140,7 +140,7 @@ def main() -> int:
             timeout,
             gloo,
             None,
-            qcomm.QuantConfig(min_bytes=0).as_tuple(),
+            qcomm.QuantConfig(algorithm="two_step", min_bytes=0).as_tuple(),
             dist.PrefixStore("qcomm", store),
         )
 
@@ -192,7 +192,9 @@ def main() -> int:
         copy_us = e0.elapsed_time(e1) / args.iters * 1e3
         for bits in args.bits.split(","):
             rs, ag = (int(b) for b in bits.split("/"))
-            cfg = qcomm.QuantConfig(rs_bits=rs, ag_bits=ag, min_bytes=0).as_tuple()
+            cfg = qcomm.QuantConfig(
+                algorithm="two_step", rs_bits=rs, ag_bits=ag, min_bytes=0
+            ).as_tuple()
             times = [0.0] * world
             before: list[int] = []
 

@@ -366,7 +366,7 @@ def add_cluster_args(ap, port: int, timeout: float, delay: bool = True) -> None:
     ap.add_argument(
         "--local",
         action="store_true",
-        help="the same as --rate loopback: ranks on this host over 127.0.0.1 (a smoke test, no root)",
+        help="as --rate loopback: ranks on this host over 127.0.0.1 (a smoke test, no root)",
     )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)

@@ -144,6 +144,19 @@ def _agree_on_config(store, rank: int, size: int, cfg: QuantConfig) -> None:
         )
 
 
+def _agree_on_checks(store, rank: int, size: int) -> bool:
+    """Whether the group's eager CUDA calls exchange their header on the host first
+    (QCOMM_DEBUG=CHECK or TORCH_DISTRIBUTED_DEBUG=DETAIL): on every rank if on any. Ranks that
+    differ would wait in different places, the checking ones in a host all-gather and the others
+    in the CUDA-IPC barrier, until the group's timeout."""
+    mine = _C.setting("QCOMM_DEBUG")["text"] == "CHECK" or (
+        dist.get_debug_level() == dist.DebugLevel.DETAIL
+    )
+    key = "qcomm_agree/check_calls/"
+    store.set(key + str(rank), "1" if mine else "0")
+    return any(store.get(key + str(r)).decode() == "1" for r in range(size))
+
+
 def _hosts(store, rank: int, size: int) -> list:
     """Every rank's host name, by rank, through the group's store."""
     key = "qcomm_host/"
@@ -181,6 +194,7 @@ def _create(opts, pg_options):
     # the operator's switch: before any connection, so that ranks that disagree all raise here
     disabled = bool(_agree_at_creation(store, rank, size, "QCOMM_DISABLE"))
     _agree_on_config(store, rank, size, cfg)
+    check_calls = _agree_on_checks(store, rank, size)
     hosts = _hosts(store, rank, size)
     threads = _cpu_threads(hosts, rank)
     # the addresses Gloo connected over are part of the tuning cache's key: a choice measured
@@ -198,7 +212,7 @@ def _create(opts, pg_options):
     # the store also carries the CUDA-IPC buffer handles (csrc/transport/cuda_ipc.cpp)
     ipc_store = dist.PrefixStore("qcomm", store)
     backend = _C.QncclBackend(
-        rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store, disabled, threads
+        rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store, disabled, threads, check_calls
     )
     if cfg.tune and cfg.algorithm == "auto" and not disabled and size > 1:
         paths = _tuning.agree_path(store, rank, size, path)
@@ -309,7 +323,8 @@ def shadow(group=None, every: int = 1) -> None:
     """Shadow mode on `group` (call it on every rank, between collectives): every `every`-th
     quantized allreduce also runs the exact allreduce of a copy of its input and records the error
     of the quantized result in ``qcomm.stats(group)["shadow"]``; 0 turns it off. The same as
-    ``set_config(get_config(group).replace(shadow=every), group)``. Host tensors only for now."""
+    ``set_config(get_config(group).replace(shadow=every), group)``. Host tensors only: quantized
+    CUDA allreduces are not shadowed (the group warns once at its first CUDA call)."""
     set_config(get_config(group).replace(shadow=every), group)
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: one call on a GPU machine, under 8 minutes (the device tool; give it a wall limit
 # of about 540 s, so a late step leaves time to pack). Builds the
-# CUDA extension, checks that C++ exceptions reach Python, then runs the rest in order of what
-# the call is for, so that what the deadline cuts is the least needed:
+# CUDA extension, checks that C++ exceptions reach Python, runs the never-run items of PLAN (below),
+# then the rest in order of what the call is for, so that what the deadline cuts is the least
+# needed:
 #   (a) the codec kernels against device-to-device copy (the goal: >= 0.80x of copy bandwidth
 #       from 64 MiB up), the default kernels' table first, then the launch variants
 #       (QCOMM_CUDA_ENCODE_BLOCKS=4, QCOMM_CUDA_FULL_GRID=1, 4 blocks with the full grid, and the
@@ -19,8 +20,8 @@
 #       the cost model on what this call measured, and the build's tests (SASS counts);
 #   (h) under torchrun, qnccl against NCCL's bf16 allreduce, nccl-tests style
 #       (benchmarks/allreduce_sweep.py --device cuda: int8, int6 = 4/8, int4; two_step and ring
-#       over IPC and over NCCL; speed-up, error, the cost model's prediction, PNGs), and the
-#       tuner (python -m qcomm.tune). With 2+ GPUs one rank a GPU; with one GPU 2 ranks share it,
+#       over IPC and over NCCL; speed-up, error, the cost model's prediction, PNGs; CUDA
+#       allreduces are not tuned). With 2+ GPUs one rank a GPU; with one GPU 2 ranks share it,
 #       IPC only, and the summary says that the cross-GPU part needs 2+ GPUs. Optional, in what
 #       is left: with the default DEADLINE the steps before may leave it nothing, so on a machine
 #       not held to 8 minutes give it room (DEADLINE=700; QUICK=1 also frees time).
@@ -33,39 +34,12 @@
 # Logs and CSV go under $OUT (default out/gpu_check). Uses the machine's python with torch
 # preinstalled (no network there); prints a table of the steps last.
 #
-# Time plan (seconds since the start; DEADLINE, default 450, bounds every step's start and end):
-# the machine and the probe ~10, the build up to ~150 (85-122 on 2026-11-30; capped at 200), so (a)
-# starts by ~160 and (a)-(e) have the 290 s to the deadline. Their caps add up to 505, each
-# about 1.5-2x its estimate: an estimate too low would cut a step deterministically, while a
-# step's cap matters to the later ones only when it hangs (a cap is cut to what is left), and
-# only then, with a slow build, could (d) or (e) be cut:
-#   step                          cap  estimate (from the code)
-#   (a) codec bench                60  ~20: torch and the CUDA context ~10; 3 sizes x (9 default +
-#                                        44 variant timings) x 2 turns, each <= 25 ms (7 s in all
-#                                        on 2026-11-30 with 28)
-#   (b) separate, separate at      40  ~20 each: set-up of 2 thread ranks ~12; 6 timed points (7 s
-#       128 MiB (fused bench:          each on 2026-11-30)
-#       EXPERIMENTS=1)
-#       side-by-side table          5  <1 (CSV only; EXPERIMENTS=1)
-#   (c) codec tests                90  ~40: one process, ~75 tests, 4 of them profiled
-#   (d) separate IPC tests         90  ~55: 5 run_ranks (2, 4, 2, 2, 2 processes), each ~10 s
-#                                        to start the processes and ~5 s of work (44 s for 4)
-#       fused IPC tests           110  ~75: 5 run_ranks (the matrix at 2 and 4 ranks, pieces at
-#       (EXPERIMENTS=1)                  the default shape, streams and Work, the graph)
-#   (e) NCCL world-1 tests         30  ~20: 1 run_ranks of 1 process
-# Each step is run under `timeout -k 10 CAP`, its cap cut to what is left before the deadline;
-# with under 15 s left a step is skipped. What (a)-(e) leave goes to (f) (cap 75) and (g): the
-# set-up tests (150: 4 run_ranks of the agreement test + 1 of streams, ~35), the 4-rank
-# benchmark (45, ~10), the cost model (30, ~5), the build's tests (60, ~9); with EXPERIMENTS=1
-# also four fused runs (cap 30 each, ~6), other-shape tests (60; 3 run_ranks, ~32), the fused
-# set-up tests (150; 4 run_ranks, ~35), a fused 4-rank benchmark (45) and its cost model (30).
-# Then (h), optional: the GPU count (20, ~5), the sweep (150; ~40 with 2 ranks on one GPU at
-# SWEEP_SIZES=1M,16M,256M: ~15 to start torchrun's ranks, 18 configurations of 6 calls, each
-# call's output broadcast through Gloo to compare bits; more with 8 GPUs: 39 configurations), its
-# table from the CSV (30, ~5) and, with 2+ GPUs, the tuner (60, ~15: 1-16 MiB classes). These
-# are estimates from the code, not timings. Every cap is cut to what is left before the deadline,
-# so the last step ends by DEADLINE + 10 s = 460 s, under the 8 minutes with ~20 s for the table
-# and packing.
+# Time plan: PLAN below (bash scripts/gpu_check.sh --dry-run prints it): right after the build,
+# one capped step per item that has never run on a GPU, the caps adding up to DEADLINE (450 s);
+# then (a)-(h) in what is left, each under its cap (cut to what is left before DEADLINE, skipped
+# with under 15 s left), so the last step ends by DEADLINE + 10 s, under the 8 minutes with ~20 s
+# for the table and packing. (c) runs the codec tests (146 s at 106b711); (d) the IPC tests the
+# plan did not run; (e), the NCCL transport at world size 1, is in the plan.
 #
 # The device tool brings back at most 8 files from $OUT: logs and intermediate CSVs are written
 # to a scratch folder, so $OUT never holds more than the KEEP files, and on exit they (and any
@@ -75,6 +49,47 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
+
+# The plan (docs/testing.md, "The GPU check"): after the build, first what has never run on a GPU
+# (as of 2026-12-03 nothing since 106b711 has), one capped pytest a step; then the codec kernels
+# and the timings, while time is left before DEADLINE. The planned steps' caps add up to DEADLINE
+# (450 s), under the 8 minutes. Caps: about 1.5x the step's estimate from the last GPU runs
+# (benchmarks/RESULTS.md; a run_ranks of 2 processes ~10 s to start, 4 ranks ~15 s; the build
+# 85-122 s on 2026-11-30, more kernels since). `--dry-run` prints the plan and exits.
+PLAN=(
+  "machine|15|the GPU, torch and the compiler"
+  "build|160|the CUDA extension for sm_90"
+  "probe|15|a C++ exception reaches Python"
+  "rings4|85|ring and semi_ring over CUDA IPC, 4 ranks (raw, 8 and 4 bits, rotated and not)"
+  "rotated2|25|two_step rotated over CUDA IPC, 2 ranks"
+  "mismatch|25|a mismatched call: checked (named, group usable) and on the device (NaN, poison)"
+  "abort|20|an error before a call's launches stops its peer"
+  "graph|25|CUDA graph capture and 100 replays, then eager calls"
+  "rounds|45|the multi-round legs: ring over CUDA IPC in 1 MiB buffers, 2 ranks"
+  "nccl1|35|the NCCL transport at world size 1 (the rotated kernels' default path)"
+)
+plan_cap() {  # plan_cap KEY: the planned step's cap in seconds
+  local row
+  for row in "${PLAN[@]}"; do
+    [ "${row%%|*}" = "$1" ] && { row=${row#*|}; echo "${row%%|*}"; return; }
+  done
+  echo 0
+}
+if [ "${1:-}" = "--dry-run" ]; then
+  total=0 i=0
+  echo "planned steps, in order (cap in seconds):"
+  for row in "${PLAN[@]}"; do
+    key=${row%%|*} rest=${row#*|}
+    i=$((i + 1)) total=$((total + ${rest%%|*}))
+    printf '%2d. %-9s %4s  %s\n' "$i" "$key" "${rest%%|*}" "${rest#*|}"
+  done
+  echo "total of the caps: $total s (DEADLINE ${DEADLINE:-450} s)"
+  echo "then, while time is left before DEADLINE (each capped, skipped past it): the codec"
+  echo "kernels' timings (60), the two_step IPC bench (40, 40), the codec kernels' tests (160),"
+  echo "the other IPC tests (150), ncu (75), set-up agreement (150), the 4-rank bench (45), the"
+  echo "cost model (30), the build's tests (60), the allreduce sweep (optional)"
+  exit 0
+fi
 OUT="${OUT:-$ROOT/out/gpu_check}"
 mkdir -p "$OUT"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/qcomm_gpu_check.XXXXXX")"
@@ -84,6 +99,17 @@ KEEP+='|fused_shapes.csv|ncu_codec.txt|details.tar.gz'
 # shellcheck disable=SC2317  # pack runs from the EXIT trap
 pack() {  # on every exit, a failed build's too: at most 8 files in $OUT
   local rc=$? f
+  if [ -z "${TABLE_DONE:-}" ] && [ -n "${RESULTS+set}" ]; then  # cut short: the steps so far
+    {
+      # the step that was running: its output so far
+      [ -n "${RUNNING:-}" ] && [ -f "$RUNNING" ] && tail -80 "$RUNNING"
+      echo "result: cut short (exit $rc); the steps that ran:"
+      echo "| step | result | seconds |"
+      echo "|---|---|---|"
+      printf '%s\n' "${RESULTS[@]}"
+      [ -n "${RUNNING:-}" ] && echo "| $CURRENT | cut short while running | - |"
+    } >>"$OUT/summary.txt"
+  fi
   for f in "$OUT"/* "$OUT"/.[!.]*; do
     [ -e "$f" ] || continue
     [[ "${f##*/}" =~ ^($KEEP)$ ]] || mv "$f" "$LOGS/"
@@ -106,9 +132,9 @@ step() {
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
 step "machine"
-timeout -k 10 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+timeout -k 2 5 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   | tee -a "$OUT/summary.txt"
-timeout -k 10 60 "$PY" -c \
+timeout -k 2 10 "$PY" -c \
   "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
   | tee -a "$OUT/summary.txt"
 note "CXX=${CXX:-unset}; $(${CXX:-c++} --version 2>/dev/null | head -1)"
@@ -118,7 +144,7 @@ EXPERIMENTS="${EXPERIMENTS:-0}"
 build() {
   # BUILD_CAP: a longer bound for a dry run on a small machine (2 cores take ~5 minutes)
   QCOMM_CUDA=1 QCOMM_EXPERIMENTS="$EXPERIMENTS" MAX_JOBS="${MAX_JOBS:-16}" \
-    timeout -k 10 "${BUILD_CAP:-200}" "$PY" setup.py -q build_ext --inplace \
+    timeout -k 10 "${BUILD_CAP:-$(plan_cap build)}" "$PY" setup.py -q build_ext --inplace \
     >"$LOGS/build.log" 2>&1
 }
 step "build (QCOMM_CUDA=1, QCOMM_EXPERIMENTS=$EXPERIMENTS)"
@@ -144,7 +170,7 @@ fi
 # image it once crashed the process instead (SIGSEGV in test_codec's invalid-argument test, with
 # CXX=/opt/gcc/bin/g++); if it does, rebuild with the system compiler and say so.
 probe() {
-  timeout -k 10 60 "$PY" - <<'EOF' 2>&1
+  timeout -k 5 "$(plan_cap probe)" "$PY" - <<'EOF' 2>&1
 import torch, qcomm
 try:
     qcomm._C._testing.codec_encode(torch.randn(10), 6, 128, True)
@@ -201,9 +227,15 @@ run_step() {
     RESULTS+=("| $CURRENT | skipped (deadline) | 0 |")
     return
   fi
-  local t0=$SECONDS rc what=ok
-  timeout -k 10 "$t" "$@" 2>&1 | tee -a "$log" | tail -15 | tee -a "$OUT/summary.txt"
-  rc=${PIPESTATUS[0]}
+  local t0=$SECONDS rc what=ok own
+  own="$LOGS/step_$((${#RESULTS[@]} + 1)).log"
+  RUNNING="$own"
+  timeout -k 10 "$t" "$@" >"$own" 2>&1
+  rc=$?
+  RUNNING=""
+  cat "$own" >>"$log"
+  # the summary keeps a step's tail; a failed or cut step's last 80 lines (its tracebacks)
+  if [ "$rc" -eq 0 ]; then tail -15 "$own"; else tail -80 "$own"; fi | tee -a "$OUT/summary.txt"
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
     if [ "$t" -lt "$cap" ]; then  # its own cap was not reached: the deadline cut it
       what="incomplete (cut at the deadline after $t s)"
@@ -220,7 +252,11 @@ run_step() {
 }
 export QCOMM_IPC_SPIN_TIMEOUT_MS="${QCOMM_IPC_SPIN_TIMEOUT_MS:-20000}"  # fail fast, never hang
 export QCOMM_CUDA_QUANTIZE=1  # the quantized CUDA path is opt-in (README, "CUDA tensors")
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rs)
+# no tuning unless a step asks for it (QCOMM_TUNE=1 there): `auto` would measure each size class
+# first (host tensors only: CUDA tensors are never tuned)
+export QCOMM_TUNE=0
+# not -q: a step's failures are printed with their tracebacks (short), and kept (run_step)
+PYTEST=("$PY" -m pytest -p no:cacheprovider -rs --tb=short)
 # QUICK=1: skips (a), (c), (f), the cost model and the build's tests (while iterating)
 QUICK="${QUICK:-0}"
 # the GPU tests only (-m cuda): their CPU-side counterparts run in CI, not on device time.
@@ -230,6 +266,24 @@ QUICK="${QUICK:-0}"
 EXTRA="setup_agrees or different_streams"
 SHAPES="pieces and not 4096-8"
 FUSED_TESTS=tests/experiments/test_ipc_fused.py
+ALLREDUCE_TESTS=tests/cuda/test_cuda_allreduce.py
+
+# ---- first, what has never run on a GPU: one pytest per item, each under its planned cap
+planned() {  # planned KEY PYTEST_ARGS...: the step of the plan named KEY
+  local key=$1 row
+  shift
+  for row in "${PLAN[@]}"; do
+    [ "${row%%|*}" = "$key" ] && step "new: ${row##*|}"
+  done
+  run_step "$(plan_cap "$key")" "$LOGS/tests.log" "${PYTEST[@]}" "$@"
+}
+planned rings4 -m cuda -k "rings_match and (4-ring-32 or 4-semi_ring-32)" "$ALLREDUCE_TESTS"
+planned rotated2 -m cuda -k "rotated_matches and 2" "$ALLREDUCE_TESTS"
+planned mismatch -m cuda -k "streams_work_and_errors" "$ALLREDUCE_TESTS"
+planned abort -m cuda -k "error_before_the_launches" "$ALLREDUCE_TESTS"
+planned graph -m cuda -k "cuda_graph" "$ALLREDUCE_TESTS"
+planned rounds -m cuda -k "rings_match and 2-ring-1" "$ALLREDUCE_TESTS"
+planned nccl1 -m cuda tests/algo/test_collective_algos.py
 
 # ---- (a) the codec kernels' throughput: the default table, then the variants (codec_variants.csv)
 if [ "$QUICK" != 1 ]; then
@@ -293,13 +347,15 @@ fi
 # ---- (c) the codec kernels bit for bit
 if [ "$QUICK" != 1 ]; then
   step "tests: CUDA codec kernels bit for bit against the CPU codec"
-  run_step 90 "$LOGS/tests.log" "${PYTEST[@]}" tests/cuda/test_cuda_codec.py
+  run_step 160 "$LOGS/tests.log" "${PYTEST[@]}" tests/cuda/test_cuda_codec.py
 fi
 
 # ---- (d) the CUDA-IPC transport bit for bit: the separate kernels (then the fused kernel)
-step "tests: the separate kernels over CUDA IPC (QCOMM_IPC_KERNELS=separate), 2 and 4 ranks"
-run_step 90 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "not ($EXTRA)" \
-  tests/cuda/test_cuda_allreduce.py
+step "tests: the other IPC tests (two_step matrix, rounds, the rest of the rings, mixed calls)"
+PLANNED="4-ring-32 or 4-semi_ring-32 or (rotated_matches and 2) or streams_work_and_errors"
+PLANNED+=" or error_before_the_launches or cuda_graph or 2-ring-1"
+run_step 150 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda -k "not ($EXTRA) and not ($PLANNED)" \
+  "$ALLREDUCE_TESTS"
 
 if [ "$EXPERIMENTS" = 1 ]; then
   step "tests: the fused CUDA-IPC two_step (experiment), 2 and 4 ranks sharing the GPU"
@@ -307,9 +363,7 @@ if [ "$EXPERIMENTS" = 1 ]; then
     "$FUSED_TESTS"
 fi
 
-# ---- (e) the NCCL transport
-step "tests: the NCCL transport at world size 1"
-run_step 30 "$LOGS/tests.log" "${PYTEST[@]}" -m cuda tests/algo/test_collective_algos.py
+# ---- (e) the NCCL transport at world size 1: in the plan above
 
 # ---- (f) why the codec kernels run at the speed they do: each one's duration alone, DRAM
 # throughput, occupancy and warp stalls from the hardware counters (Nsight Compute; ncu read them
@@ -429,11 +483,11 @@ if [ "$QUICK" != 1 ]; then
   run_step 60 "$LOGS/tests.log" "${PYTEST[@]}" tests/cuda/test_build.py
 fi
 
-# ---- (h) nccl-tests-style: qnccl against NCCL under torchrun (benchmarks/allreduce_sweep.py),
-# then the tuner; optional (measurements), in what the deadline leaves. With 2+ GPUs one rank a
+# ---- (h) nccl-tests-style: qnccl against NCCL under torchrun (benchmarks/allreduce_sweep.py);
+# optional (measurements), in what the deadline leaves. With 2+ GPUs one rank a
 # GPU (at most 8): the NCCL baseline, transports ipc and nccl, and the cost model's prediction
 # beside each row (link SWEEP_LINK, default nvlink=370; the kernel times (a) measured, else the
-# H200's in benchmarks/data). With one GPU, 2 ranks share it: IPC only, no baseline, no tuner.
+# H200's in benchmarks/data). With one GPU, 2 ranks share it: IPC only, no baseline.
 # SWEEP_SIZES widens the sizes (the sweep's own default is 1M..1G). Its CSV and PNGs go to the
 # details; its table, rendered from the CSV (a cut run's finished rows too), to summary.txt.
 SWEEP_SIZES="${SWEEP_SIZES:-1M,16M,256M}"
@@ -467,17 +521,6 @@ if [ -s "$LOGS/allreduce_sweep.csv" ] && [ "$render" -gt 0 ]; then
     | tee -a "$LOGS/sweep.txt" >>"$OUT/summary.txt"
 fi
 
-step "the tuner under torchrun (python -m qcomm.tune)"
-if [ "$GPUS" -ge 2 ]; then
-  # one rank a GPU, as NCCL needs (the exact candidate is NCCL's allreduce): the CUDA choices.
-  OPTIONAL=1 run_step 60 "$LOGS/tune.txt" "$PY" -m torch.distributed.run --standalone \
-    --nproc_per_node="$NPROC" -m qcomm.tune --device cuda --dtypes bfloat16 --max-size 16M
-  grep -E 'qcomm.tune:|choice|MiB|tuning took' "$LOGS/tune.txt" | tee -a "$OUT/summary.txt"
-else
-  note "skipped: the tuner's run is for 2+ GPUs, one rank a GPU (GPUs found: $GPUS)"
-  RESULTS+=("| $CURRENT | not available ($GPUS GPUs) | 0 |")
-fi
-
 result=PASS
 [ $incomplete -eq 1 ] && result="INCOMPLETE (deadline)"
 [ $status -ne 0 ] && result=FAIL
@@ -488,6 +531,7 @@ step "result: $result"
   echo "|---|---|---|"
   printf '%s\n' "${RESULTS[@]}"
 } | tee -a "$OUT/summary.txt"
+TABLE_DONE=1
 [ $status -ne 0 ] && exit 1
 [ $incomplete -eq 1 ] && exit 2
 exit 0

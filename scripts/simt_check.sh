@@ -5,6 +5,7 @@
 # threads. No GPU needed; nvcc is not used (g++ compiles the .cu files as C++ with
 # tests/native/simt/simt.h forced in), only the toolkit's headers.
 #   scripts/simt_check.sh [codec|exchange|all] [--quick]
+#   scripts/simt_check.sh schedules DIR [buffer_bytes]   (the schedules with the CUDA codec)
 #   scripts/simt_check.sh self [ok|divergent|exit|deadlock|race]   (the emulator's own test)
 # SIMT_TSAN=1 builds the kernels with ThreadSanitizer (a separate build directory).
 # Run by tests/cuda/test_simt_emulation.py. Exits non-zero on a difference or an emulator error.
@@ -68,6 +69,25 @@ if [[ "$WHAT" == codec || "$WHAT" == all ]]; then
   "$CXX" "$OUTDIR/codec_main.o" "$OUTDIR/codec_kernels.o" "$OUTDIR/codec_cpu.o" \
     "$OUTDIR/settings.o" "$OUTDIR/simt.o" "${LIBS[@]}" -o "$OUTDIR/simt_codec"
   "$OUTDIR/simt_codec" "$@"
+fi
+# the schedules (csrc/algo) with the CUDA codec operations over the kernels run here, their
+# exchanges through the CUDA-IPC copy schedule on host buffers: scripts/simt_check.sh schedules DIR
+# (DIR/cases.txt and its inputs: tests/native/simt/schedule_main.cpp; run by
+# tests/cuda/test_simt_schedules.py)
+if [[ "$WHAT" == schedules ]]; then
+  obj "$OUTDIR/codec_kernels.o" csrc/cuda/codec_kernels.cu "${KERNEL[@]}"
+  obj "$OUTDIR/cuda_codec_ops.o" csrc/cuda/cuda_codec_ops.cpp -DQCOMM_WITH_CUDA=1
+  objs=()
+  for f in algo/gather algo/ring algo/run algo/scratch algo/semi_ring algo/two_step plan/plan \
+    plan/config plan/tuning codec/codec_ops python/ipc_emulation cuda/ipc_layout; do
+    obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"
+    objs+=("$OUTDIR/${f#*/}.o")
+  done
+  obj "$OUTDIR/schedule_main.o" tests/native/simt/schedule_main.cpp
+  "$CXX" "$OUTDIR/schedule_main.o" "${objs[@]}" "$OUTDIR/cuda_codec_ops.o" \
+    "$OUTDIR/codec_kernels.o" "$OUTDIR/codec_cpu.o" "$OUTDIR/settings.o" "$OUTDIR/simt.o" \
+    "${LIBS[@]}" -o "$OUTDIR/simt_schedules"
+  exec "$OUTDIR/simt_schedules" "$@"
 fi
 if [[ "$WHAT" == exchange || "$WHAT" == all ]]; then
   obj "$OUTDIR/ipc_kernels.o" csrc/cuda/ipc_kernels.cu "${KERNEL[@]}"

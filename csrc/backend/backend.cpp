@@ -40,7 +40,8 @@ int64_t QncclBackend::liveCount() { return liveBackends.load(); }
 QncclBackend::QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
                            c10::intrusive_ptr<c10d::Backend> gloo,
                            c10::intrusive_ptr<c10d::Backend> nccl, const QuantConfig& config,
-                           c10::intrusive_ptr<c10d::Store> store, bool disabled, int cpuThreads)
+                           c10::intrusive_ptr<c10d::Store> store, bool disabled, int cpuThreads,
+                           int checkCalls)
     : c10d::Backend(rank, size),
       timeout_(timeout),
       gloo_(std::move(gloo)),
@@ -48,8 +49,9 @@ QncclBackend::QncclBackend(int rank, int size, std::chrono::milliseconds timeout
       store_(std::move(store)),
       config_(config),
       disabled_(disabled),
-      checkCalls_(settings::text("QCOMM_DEBUG") == "CHECK" ||
-                  c10d::debug_level() == c10d::DebugLevel::Detail),
+      checkCalls_(checkCalls >= 0 ? checkCalls != 0
+                                  : (settings::text("QCOMM_DEBUG") == "CHECK" ||
+                                     c10d::debug_level() == c10d::DebugLevel::Detail)),
       cpuThreads_(cpuThreads) {
   TORCH_CHECK_VALUE(cpuThreads >= 0, prefix(), "cpu_threads must be >= 0, got ", cpuThreads);
   TORCH_CHECK(gloo_, prefix(), "qnccl needs an inner Gloo backend");
@@ -603,6 +605,20 @@ std::string QncclBackend::agreeOnPlan(const Plan& plan, C10dTransport& t) {
   std::vector<PlanHeader> all(static_cast<size_t>(getSize()));
   std::memcpy(all.data(), recv.data_ptr(), sizeof(PlanHeader) * all.size());
   return describeMismatch(all);
+}
+
+std::string QncclBackend::agreeOnQueue(const Plan& plan, std::chrono::milliseconds timeout) {
+  auto agree = [this, &plan, timeout]() {
+    C10dTransport control(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
+    return agreeOnPlan(plan, control);
+  };
+  if (queue_.onThread()) return agree();
+  auto result = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> done = result->get_future();
+  // the caller waits below, so the task's references to plan stay valid
+  queue_.push([result, agree]() { result->set_value(agree()); },
+              [result](const std::exception_ptr& e) { result->set_exception(e); });
+  return done.get();
 }
 
 // ---- pass-through ----

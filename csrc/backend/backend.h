@@ -87,11 +87,14 @@ class QncclBackend : public c10d::Backend {
  public:
   // disabled (QCOMM_DISABLE=1 at the group's creation): every collective passes through, whatever
   // config is set. cpuThreads: the threads the codec of a quantized CPU allreduce uses (0: torch's
-  // intra-op thread count); the results do not depend on it.
+  // intra-op thread count); the results do not depend on it. checkCalls: whether eager CUDA calls
+  // exchange their header on the host first (QCOMM_DEBUG=CHECK or TORCH_DISTRIBUTED_DEBUG=DETAIL
+  // on any rank: qcomm._create agrees on it, since ranks that differ would wait in different
+  // places); -1: this process's settings.
   QncclBackend(int rank, int size, std::chrono::milliseconds timeout,
                c10::intrusive_ptr<c10d::Backend> gloo, c10::intrusive_ptr<c10d::Backend> nccl,
                const QuantConfig& config, c10::intrusive_ptr<c10d::Store> store = {},
-               bool disabled = false, int cpuThreads = 0);
+               bool disabled = false, int cpuThreads = 0, int checkCalls = -1);
   ~QncclBackend() override;
 
   // QncclBackend objects alive in this process (a test reads it: destroy_process_group must
@@ -104,6 +107,7 @@ class QncclBackend : public c10d::Backend {
   void setConfig(const QuantConfig& config);
   QuantConfig getConfig() const;
   const Stats& stats() const { return stats_; }
+  bool checkCalls() const { return checkCalls_; }
   // The kept buffers of this group's host-memory allreduces (algo/scratch.h): bytes held (as of
   // the end of the last call: never waits for the running one), and freeing them (after the call
   // running now, if any; the next call allocates afresh).
@@ -255,6 +259,12 @@ class QncclBackend : public c10d::Backend {
                     double exactSeconds, const std::string& collective = "");
   c10::intrusive_ptr<c10d::Work> allreduceCuda(Plan plan, std::vector<at::Tensor>& tensors,
                                                const c10d::AllreduceOptions& opts);
+  // allreduceCuda's launches, once the call is agreed: `buf` is t itself or its contiguous or
+  // padded copy.
+  c10::intrusive_ptr<c10d::Work> launchCuda(const Plan& plan, std::vector<at::Tensor>& tensors,
+                                            at::Tensor& buf, bool padded, CudaPath& path,
+                                            bool useIpc, const c10d::AllreduceOptions& opts,
+                                            std::function<void()> check);
   // The CUDA path of this group, set up (collectively, through the store) on first use.
   CudaPath& cudaPath(int device, bool capturing);
   std::chrono::milliseconds callTimeout(const c10d::AllreduceOptions& opts) const;
@@ -264,6 +274,10 @@ class QncclBackend : public c10d::Backend {
   void logDecision(const Plan& plan, const at::Tensor& t, c10d::ReduceOp op);
   // Exchange the plan's header; returns the difference, if ranks disagree ("" if they agree).
   std::string agreeOnPlan(const Plan& plan, C10dTransport& t);
+  // agreeOnPlan over Gloo, run on the progress thread behind the host-memory calls queued there
+  // (the caller waits): a call from another thread (the CUDA path's) keeps Gloo's order of
+  // collectives the same on every rank.
+  std::string agreeOnQueue(const Plan& plan, std::chrono::milliseconds timeout);
   // Raises the disagreement agreeOnPlan found, on every rank alike.
   void requireAgreement(const std::string& mismatch) const;
   // On the progress thread: the codec's thread count for this group (cpuThreads).
@@ -286,9 +300,6 @@ class QncclBackend : public c10d::Backend {
   // The exact inner allreduce of a CPU tensor, on the progress thread (a class tuned to exact).
   void exactOnQueue(at::Tensor& t, const c10d::AllreduceOptions& opts);
   void saveTuning() const;
-  // The tensor's current stream is capturing a CUDA graph; waiting for that stream.
-  bool cudaCapturing(const at::Tensor& t) const;
-  void cudaSync(const at::Tensor& t) const;
   CallFacts factsOf(const at::Tensor& t, c10d::ReduceOp op) const;
   // The sharded path (sharded.cpp): plan, pass through or queue the quantized run.
   c10::intrusive_ptr<c10d::Work> sharded(ShardedCall call);

@@ -219,14 +219,6 @@ CudaPath& QncclBackend::cudaPath(int device, bool capturing) {
   return *cuda_;
 }
 
-bool QncclBackend::cudaCapturing(const at::Tensor& t) const {
-  return isCapturing(c10::cuda::getCurrentCUDAStream(t.device().index()));
-}
-
-void QncclBackend::cudaSync(const at::Tensor& t) const {
-  c10::cuda::getCurrentCUDAStream(t.device().index()).synchronize();
-}
-
 c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
                                                            std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
@@ -234,45 +226,86 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   const int device = t.device().index();
   c10::cuda::CUDAGuard guard(t.device());
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
-  CudaPath& path = cudaPath(device, isCapturing(current));
-  const std::string pre = prefix();
-  std::shared_ptr<IpcTransport> ipc = path.ipc;
-  std::function<void()> check = [ipc, pre]() {
-    if (ipc) ipc->checkError(pre);
-  };
+  const bool capturing = isCapturing(current);
   const auto timeout = callTimeout(opts);
-  plan.callSeq = callSeq_++;
-  // A non-contiguous input is copied now, on the caller's stream (where it is ready), before the
-  // agreement: after it a peer may already wait in this call's first barrier for this rank, and
-  // with ranks as threads of one process the copy kernel's first launch (lazy loading) or an
-  // allocation that synchronises the device would wait for that peer.
-  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  // A rotated message that ends inside a group runs on a copy padded with zeros to whole groups
-  // (as runQuantizedCpu's), made here for the same reason, and copied back into t at the end.
-  const bool padded = needsPadding(plan);
-  if (padded) buf = paddedCopy(plan, t);
-  // every quantized algorithm runs over CUDA IPC where the group set it up (two_step, ring and
-  // semi_ring: their exchanges are all-to-all, all-gather or point-to-point legs, all of which
-  // ipc_exchange.h runs)
-  const bool useIpc =
-      ipc && (plan.algorithm == kTwoStep || plan.algorithm == kRing || plan.algorithm == kSemiRing);
-  // The ranks' agreement on the call. The separate IPC kernels check it on the device, in the
-  // call's first barrier (plan fingerprints): no host round trip. The NCCL transport (whose
-  // collectives of mismatched sizes would hang inside NCCL) and the fused experiment exchange
-  // headers over Gloo on the host first; so does every call under QCOMM_DEBUG=CHECK or
-  // TORCH_DISTRIBUTED_DEBUG=DETAIL, where a mismatch then names its field and leaves the group
-  // usable. Host-side: nothing waits for the device.
-  if (!useIpc || !ipc->separate() || checkCalls_) {
-    C10dTransport control(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
-    requireAgreement(agreeOnPlan(plan, control));
+  // Shadow mode compares with the exact result on the host, which would synchronize every
+  // shadowed call with the device: it covers host-memory allreduces only (README)
+  if (plan.shadow > 0) {
+    TORCH_WARN_ONCE(prefix(), "allreduce: shadow mode (QuantConfig.shadow) covers host-memory ",
+                    "allreduces only; this group's quantized CUDA allreduces are not shadowed");
   }
-  // an earlier call's kernel gave up: say so before enqueuing more. After the agreement, so that
-  // a peer whose kernels ended cleanly is not left waiting in it: it enqueues, and its kernel
-  // stops at once on the abort word the failed rank set in every buffer.
-  check();
-  TORCH_CHECK(useIpc || nccl_, prefix(), "allreduce: no NCCL backend for the ",
-              algoName(plan.algorithm), " algorithm, and CUDA IPC is not set up for this group");
+  plan.callSeq = callSeq_++;
+  // Everything before the call's launches: an error here on this rank alone (the device check, an
+  // allocation of the copies below) would leave its peers' calls spinning in their first barrier
+  // until the group's timeout (30 minutes by default). Such an error takes the abort path of a
+  // failed launch instead (IpcTransport::abandon: every rank's kernels stop, every rank raises at
+  // its next call). Errors every rank raises alike (the host agreement's mismatch, an earlier
+  // call's failure) do not: `shared` marks them. Under capture nothing is enqueued on the peers'
+  // side yet, so an error there only raises.
+  bool shared = false;
+  try {
+    CudaPath& path = cudaPath(device, capturing);
+    const std::string pre = prefix();
+    std::shared_ptr<IpcTransport> ipc = path.ipc;
+    std::function<void()> check = [ipc, pre]() {
+      if (ipc) ipc->checkError(pre);
+    };
+    // A non-contiguous input is copied now, on the caller's stream (where it is ready), before the
+    // agreement: after it a peer may already wait in this call's first barrier for this rank, and
+    // with ranks as threads of one process the copy kernel's first launch (lazy loading) or an
+    // allocation that synchronises the device would wait for that peer.
+    at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+    // A rotated message that ends inside a group runs on a copy padded with zeros to whole groups
+    // (as runQuantizedCpu's), made here for the same reason, and copied back into t at the end.
+    const bool padded = needsPadding(plan);
+    if (padded) buf = paddedCopy(plan, t);
+    // every quantized algorithm runs over CUDA IPC where the group set it up (two_step, ring and
+    // semi_ring: their exchanges are all-to-all, all-gather or point-to-point legs, all of which
+    // ipc_exchange.h runs)
+    const bool useIpc = ipc && (plan.algorithm == kTwoStep || plan.algorithm == kRing ||
+                                plan.algorithm == kSemiRing);
+    // The ranks' agreement on the call. The separate IPC kernels check it on the device, in the
+    // call's first barrier (plan fingerprints): no host round trip. The NCCL transport (whose
+    // collectives of mismatched sizes would hang inside NCCL) and the fused experiment exchange
+    // headers over Gloo on the host first; so does every call where the group checks its calls
+    // (QCOMM_DEBUG=CHECK or TORCH_DISTRIBUTED_DEBUG=DETAIL on any rank, agreed at its creation),
+    // where a mismatch then names its field and leaves the group usable. Host-side: nothing waits
+    // for the device. The exchange runs on the group's progress thread, behind the host-memory
+    // calls queued there: the inner Gloo pairs collectives by their order, which must be the same
+    // on every rank (a CPU allreduce queued before this call goes first everywhere).
+    shared = true;
+    if (!useIpc || !ipc->separate() || checkCalls_) {
+      requireAgreement(agreeOnQueue(plan, timeout));
+    }
+    // an earlier call's kernel gave up: say so before enqueuing more. After the agreement, so that
+    // a peer whose kernels ended cleanly is not left waiting in it: it enqueues, and its kernel
+    // stops at once on the abort word the failed rank set in every buffer.
+    check();
+    TORCH_CHECK(useIpc || nccl_, prefix(), "allreduce: no NCCL backend for the ",
+                algoName(plan.algorithm), " algorithm, and CUDA IPC is not set up for this group");
+    shared = false;
+    return launchCuda(plan, tensors, buf, padded, path, useIpc, opts, std::move(check));
+  } catch (const std::exception& e) {
+    if (!shared && !capturing) {
+      std::shared_ptr<IpcTransport> ipc;
+      {
+        std::lock_guard<std::mutex> lock(cudaMutex_);
+        if (cuda_) ipc = cuda_->ipc;
+      }
+      const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+      if (ipc) ipc->abandon(c10 ? c10->what_without_backtrace() : e.what());
+    }
+    throw;
+  }
+}
 
+c10::intrusive_ptr<c10d::Work> QncclBackend::launchCuda(
+    const Plan& plan, std::vector<at::Tensor>& tensors, at::Tensor& buf, bool padded,
+    CudaPath& path, bool useIpc, const c10d::AllreduceOptions& opts, std::function<void()> check) {
+  at::Tensor& t = tensors[0];
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(t.device().index());
+  const std::shared_ptr<IpcTransport>& ipc = path.ipc;
+  const auto timeout = callTimeout(opts);
   // Async ops run on the side stream. So do all IPC calls: they share the group's buffers and
   // device epoch, so one must end before the next starts, whatever stream the caller is on; a
   // sync call then makes the current stream wait at once.

@@ -104,7 +104,8 @@ std::vector<Declaration> makeDeclarations() {
   choice("QCOMM_DEBUG", S::kProcess, "WARN", {"WARN", "INFO", "CHECK"}, "WARN, INFO, CHECK",
          "INFO: rank 0 prints each setting that differs from its default, and per group what "
          "its allreduces of each size class do; CHECK: INFO, and every eager CUDA-IPC call "
-         "exchanges its header on the host first (a mismatch names its field)");
+         "exchanges its header on the host first (a mismatch names its field; on every rank of "
+         "a group created while any of its ranks sets it)");
 
   // A group's CUDA path: read when it sets up, at its first quantized CUDA allreduce.
   choice("QCOMM_TRANSPORT", S::kGroup, "auto", {"auto", "ipc", "nccl"}, "auto, ipc, nccl",

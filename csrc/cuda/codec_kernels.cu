@@ -748,15 +748,23 @@ cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void*
                             uint8_t* dst, const Noise& noise, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (in.bits == 0 || out.bits == 0 || in.groupSize != out.groupSize) {
-    // raw phases: the unfused sequence (decode, add, encode) computes the same values
-    cudaError_t e = decode(src, n, in, partial, false, stream);
+    // raw phases: the unfused sequence (decode, add, encode) computes the same values. Where the
+    // partial is the fp32 local itself (the rings' in-place sums, a rotated plan's rotation) the
+    // decode adds into it: decoding over it first would lose the local values (and then add the
+    // decoded ones twice); the fp32 add commutes, so the bits are those of decode + local
+    // (CodecOps::decodeAdd does the same)
+    const bool inPlace = localDtype == kFloat32 && static_cast<const void*>(partial) == local;
+    cudaError_t e = decode(src, n, in, partial, inPlace, stream);
     if (e != cudaSuccess) return e;
-    if (localDtype == kFloat32)
+    if (inPlace) {
+      // the local values are in the sum already
+    } else if (localDtype == kFloat32) {
       launchRawToFloat(static_cast<const float*>(local), n, partial, true, stream);
-    else if (localDtype == kFloat16)
+    } else if (localDtype == kFloat16) {
       launchRawToFloat(static_cast<const fp16_t*>(local), n, partial, true, stream);
-    else
+    } else {
       launchRawToFloat(static_cast<const bf16_t*>(local), n, partial, true, stream);
+    }
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     return encode(partial, kFloat32, n, out, dst, noise, stream);

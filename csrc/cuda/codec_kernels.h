@@ -42,7 +42,8 @@ cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const Co
 cudaError_t divide(float* x, int64_t n, float divisor, cudaStream_t stream);
 
 // One ring hop, fused: partial = decode(src with `in`) + local (local of `localDtype`), then
-// encode partial with `out` into dst. partial (fp32, n) keeps the sum for the caller.
+// encode partial with `out` into dst. partial (fp32, n) keeps the sum for the caller; it may be
+// `local` itself (an fp32 local, summed in place: the bits of decode + local), in every phase.
 cudaError_t decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,
                             int32_t localDtype, int64_t n, float* partial, const CodecSpec& out,
                             uint8_t* dst, const Noise& noise, cudaStream_t stream);

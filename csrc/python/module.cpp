@@ -86,18 +86,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "through qcomm._create; qcomm.backend_of(group) returns it.")
       .def(py::init([](int rank, int size, std::chrono::milliseconds timeout, py::object gloo,
                        py::object nccl, py::tuple cfg, py::object store, bool disabled,
-                       int cpuThreads) {
+                       int cpuThreads, int checkCalls) {
              c10::intrusive_ptr<c10d::Store> st;
              if (!store.is_none()) {
                st = c10::intrusive_ptr<c10d::Store>::reclaim_copy(store.cast<c10d::Store*>());
              }
              return c10::make_intrusive<QncclBackend>(rank, size, timeout, backendOf(gloo),
                                                       backendOf(nccl), configFromTuple(cfg), st,
-                                                      disabled, cpuThreads);
+                                                      disabled, cpuThreads, checkCalls);
            }),
            py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("gloo"), py::arg("nccl"),
            py::arg("config"), py::arg("store") = py::none(), py::arg("disabled") = false,
-           py::arg("cpu_threads") = 0)
+           py::arg("cpu_threads") = 0, py::arg("check_calls") = -1)
+      .def("check_calls", &QncclBackend::checkCalls)
       .def("cuda_transport", &QncclBackend::cudaTransport)
       .def("cuda_transport_note", &QncclBackend::cudaTransportNote)
       .def("cuda_ipc_kernels", &QncclBackend::cudaIpcKernels)

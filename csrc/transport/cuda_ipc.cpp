@@ -396,6 +396,16 @@ void IpcTransport::ended(cudaStream_t stream, bool eager, const std::string& cau
   cudaGetLastError();
 }
 
+void IpcTransport::abandon(const std::string& cause) {
+  abortPeers();
+  std::lock_guard<std::mutex> lock(brokenMutex_);
+  if (broken_.empty()) {
+    broken_ = "allreduce: an earlier call failed on this rank before its launches (" + cause +
+              "); its peers were stopped. This group's CUDA allreduces cannot continue: destroy "
+              "it and create a new one.";
+  }
+}
+
 std::vector<int64_t> IpcTransport::profile() const {
   std::vector<int64_t> v;
   if (!hostProfile_) return v;

@@ -61,6 +61,11 @@ class IpcTransport {
   // part-way with `cause` (non-empty): teardown will wait for what was enqueued; a failure stops
   // every rank's kernels and raises, and after an eager one the group cannot continue.
   void ended(cudaStream_t stream, bool eager, const std::string& cause);
+  // This rank's call failed before enqueuing anything (an allocation, a device check) while its
+  // peers' calls may already wait for it in their first barrier: stop every rank's kernels now
+  // (the abort word), as a launch failing part-way does, rather than let them spin to the group's
+  // timeout; every later call on this rank raises `cause`. The group cannot continue.
+  void abandon(const std::string& cause);
   // Throws, naming rank, step, peer and tile, if a kernel of this transport gave up, or if a
   // launch failed part-way (the barrier counts can no longer agree). Reads host-mapped memory:
   // never synchronizes.

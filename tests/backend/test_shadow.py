@@ -2,6 +2,8 @@
 a copy and records the quantized result's error, per size class, in stats()["shadow"]; the caller
 still gets the quantized result, bit for bit what it gets without shadowing."""
 
+import os
+
 import inproc
 import pytest
 import torch
@@ -138,3 +140,13 @@ def test_ranks_that_disagree_raise_and_qcomm_shadow_sets_it():
         assert every == 1
         assert shadow["float32 16 KiB to 32 KiB"]["calls"] == 1, shadow
         assert y0 == pytest.approx(3.0, rel=0.01)
+
+
+def test_readme_says_cuda_allreduces_are_not_shadowed():
+    # the CUDA path has no shadow run (csrc/backend/backend_cuda.cpp warns once instead): the
+    # manual must not offer it there
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "README.md")) as f:
+        text = f.read()
+    para = text[text.index("**Shadow mode.**") :].split("\n\n")[0]
+    assert "CUDA allreduces are not shadowed" in para, para

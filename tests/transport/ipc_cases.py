@@ -11,6 +11,7 @@ the exact sum, and land in place. A test module outside this folder puts it on s
 
 import itertools
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -180,6 +181,21 @@ def rings_worker(rank, world, algorithm):
     return problems
 
 
+def rotated_worker(rank, world):
+    # two_step with rotate=True over CUDA IPC (the default wherever a phase has 4 bits): the warp
+    # codec's rotated kernels between ranks; 1003 elements end inside a group (a padded copy)
+    torch.cuda.set_device(0)
+    problems = []
+    bits = [(4, 4), (None, 4), (4, 8), (8, 8)]
+    for i, ((rs, ag), dtype, numel) in enumerate(
+        itertools.product(bits, [torch.float32, torch.bfloat16], [1003, 65539])
+    ):
+        problems += case(
+            rank, world, rs, ag, dtype, numel, 700 + i, average=i % 2 == 1, rotate=True
+        )
+    return problems
+
+
 def pieces_worker(rank, world):
     # with QCOMM_IPC_BUFFER_MB=1: each exchange of the separate kernels takes many rounds (a
     # 4M-element message runs as many pieces of the fused kernel, its epochs advancing per piece)
@@ -218,15 +234,9 @@ def semantics_worker(rank, world):
     torch.cuda.synchronize()
     if not work.is_completed():
         problems.append("work not completed after synchronize")
-    # a rank whose call differs: both raise, naming the field, and the group stays usable
-    x = torch.ones(1000 + rank, device="cuda")
-    try:
-        dist.all_reduce(x)
-        problems.append("a numel mismatch did not raise")
-    except RuntimeError as e:
-        if "numel" not in str(e):
-            problems.append(f"mismatch error does not name numel: {e}")
+    problems += mismatch_checked(rank, world)
     problems += case(rank, world, 8, 8, torch.float32, 1000, 9)
+    problems += mismatch_unchecked(rank)
     # without the opt-in a CUDA allreduce is NCCL's (qcomm.plan says why). A process setting:
     # read once, so the test makes the reader forget it around the change
     os.environ.pop("QCOMM_CUDA_QUANTIZE")
@@ -236,6 +246,123 @@ def semantics_worker(rank, world):
         problems.append(f"plan without the opt-in: {p}")
     os.environ["QCOMM_CUDA_QUANTIZE"] = "1"
     qcomm._C._testing.reload_settings()
+    return problems
+
+
+def mismatch_checked(rank, world):
+    """A group whose calls are checked on the host (QCOMM_DEBUG=CHECK, agreed at its creation): a
+    rank whose call differs makes every rank raise at once, naming the field, and the group stays
+    usable."""
+    problems = []
+    os.environ["QCOMM_DEBUG"] = "CHECK"
+    qcomm._C._testing.reload_settings()
+    g = dist.new_group(list(range(world)), backend="qnccl", pg_options=two_step(8, 8))
+    os.environ.pop("QCOMM_DEBUG")
+    qcomm._C._testing.reload_settings()
+    x = torch.ones(1000 + rank, device="cuda")
+    try:
+        dist.all_reduce(x, group=g)
+        problems.append("checked: a numel mismatch did not raise")
+    except RuntimeError as e:
+        if "numel" not in str(e):
+            problems.append(f"checked: the mismatch error does not name numel: {e}")
+    y = torch.full((4096,), float(rank + 1), device="cuda")
+    dist.all_reduce(y, group=g)
+    want = world * (world + 1) / 2
+    if not bool(((y.cpu() - want).abs() < 0.05).all()):
+        problems.append("checked: the group is not usable after a mismatch")
+    return problems
+
+
+def mismatch_unchecked(rank):
+    """The default: the call's first barrier compares plan fingerprints on the device, with no host
+    round trip. A rank whose call differs leaves NaN (never numbers) on every rank, the error is
+    raised by the next call, naming the fingerprints, and the group cannot continue
+    (docs/reliability.md). Last in its worker: the default group is dead after it."""
+    problems = []
+    x = torch.ones(1000 + rank, device="cuda")
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        if not bool(torch.isnan(x.cpu()).all()):
+            problems.append("unchecked: a mismatched call left numbers, not NaN")
+    except RuntimeError as e:  # raised by this call when its kernel had already given up
+        if "fingerprint" not in str(e):
+            problems.append(f"unchecked: the mismatch error does not name the fingerprint: {e}")
+    for k in range(2):
+        try:
+            dist.all_reduce(torch.ones(1000, device="cuda"))
+            torch.cuda.synchronize()
+            problems.append(f"unchecked: call {k} after the mismatch did not raise")
+        except RuntimeError as e:
+            if k == 0 and "fingerprint" not in str(e) and "cannot continue" not in str(e):
+                problems.append(f"unchecked: the next call's error does not say why: {e}")
+    return problems
+
+
+def abort_before_call_worker(rank, world):
+    """Rank 1 fails before its call's launches (out of memory copying a non-contiguous input)
+    while rank 0's call waits for it in the first barrier: rank 0's kernels must stop at once (the
+    abort path), not spin to the spin bound (60 s in this test), and both ranks' next calls
+    raise."""
+    torch.cuda.set_device(0)
+    problems = []
+    qcomm.set_config(two_step(8, 8))
+    warm = torch.ones(4096, device="cuda")
+    dist.all_reduce(warm)  # sets the transport up
+    torch.cuda.synchronize()
+    n = 64 << 20  # 256 MiB of fp32
+    if rank == 1:
+        x = torch.ones(n // 1024, 1024, device="cuda").t()  # not contiguous: copied first
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(
+            (torch.cuda.memory_reserved() + (1 << 20)) / total
+        )
+    else:
+        x = torch.ones(n, device="cuda")
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        if rank == 1:
+            problems.append("rank 1: the call did not run out of memory")
+    except RuntimeError as e:
+        if rank == 1 and "out of memory" not in str(e).lower():
+            problems.append(f"rank 1: unexpected error: {e}")
+    waited = time.monotonic() - t0
+    if rank == 0 and waited > 30:
+        problems.append(f"rank 0 waited {waited:.0f} s for a peer that had failed")
+    try:
+        dist.all_reduce(torch.ones(4096, device="cuda"))
+        torch.cuda.synchronize()
+        problems.append(f"rank {rank}: the call after the failure did not raise")
+    except RuntimeError:
+        pass
+    return problems
+
+
+def mixed_devices_worker(rank, world):
+    """Host-memory and CUDA allreduces mixed on one group whose CUDA calls agree on the host
+    (QCOMM_DEBUG=CHECK): each CPU call queued on the progress thread, then a CUDA call at once.
+    The CUDA call's Gloo exchange runs behind the queued CPU calls, so every rank's Gloo sees the
+    same order; both results must be the reference's."""
+    torch.cuda.set_device(0)
+    problems = []
+    os.environ["QCOMM_DEBUG"] = "CHECK"
+    qcomm._C._testing.reload_settings()
+    g = dist.new_group(list(range(world)), backend="qnccl", pg_options=two_step(8, 8))
+    os.environ.pop("QCOMM_DEBUG")
+    qcomm._C._testing.reload_settings()
+    for i in range(5):
+        xs = inputs(world, 1 << 18, torch.float32, 60 + i)
+        want = ref.allreduce(xs, "two_step", 8, 8).out
+        cpu = xs[rank].clone()
+        work = dist.all_reduce(cpu, group=g, async_op=True)
+        gpu = xs[rank].cuda()
+        dist.all_reduce(gpu, group=g)
+        work.wait()
+        if not same_bits(cpu, want) or not same_bits(gpu.cpu(), want):
+            problems.append(f"mixed call {i}: a result differs from the reference")
     return problems
 
 

@@ -706,7 +706,8 @@ int main(int argc, char** argv) {
               failures - failuresBeforeDivide);
 
   // 2. the fused ring hop, each input codec into each output codec, fp32 partial aliasing the
-  //    local input as the ring does in place
+  //    local input as the ring does in place (and the unfused sequence of the raw phases, aliased
+  //    too)
   before = cases;
   const int failuresBefore = failures;
   for (int32_t dtype : dtypes) {
@@ -729,6 +730,17 @@ int main(int argc, char** argv) {
     checkHop(dtype, CodecSpec{0, 128, 1, kBFloat16}, CodecSpec{8, 128, 0, kFloat32}, 1000, false,
              false, gen);
   }
+  // raw phases with the fp32 partial aliasing the local input, as the rings' hops run with
+  // rs_bits=None on an fp32 message (sums kept in place) or on any rotated plan (the rotation
+  // written into the partial): the decode must add to the local values, not overwrite them
+  for (int32_t raw : {kFloat32, kBFloat16, kFloat16}) {
+    checkHop(kFloat32, CodecSpec{0, 128, 1, raw}, CodecSpec{0, 128, 1, raw}, 1000, true, false,
+             gen);
+  }
+  checkHop(kFloat32, CodecSpec{0, 128, 1, kFloat32}, CodecSpec{8, 128, 0, kFloat32}, 1000, true,
+           false, gen);
+  checkHop(kFloat32, CodecSpec{8, 128, 1, kFloat32}, CodecSpec{0, 128, 1, kFloat32}, 1000, true,
+           false, gen);
   std::printf("ring hop: %lld cases, %d differences\n", (long long)(cases - before),
               failures - failuresBefore);
   // 3. the GPU encoders' division-free quantizer (codec.h quantizeWithReciprocal) against

@@ -1,0 +1,191 @@
+// The allreduce schedules (csrc/algo: two_step, ring, semi_ring) with the CUDA codec operations
+// (CudaCodecOps, csrc/cuda/cuda_codec_ops.cpp over the kernels of csrc/cuda/codec_kernels.cu) run
+// by the SIMT emulator, their exchanges moved by the CUDA-IPC transport's copy schedule
+// (IpcExchangeTransport, csrc/transport/ipc_exchange.h) through host buffers with the host barrier
+// (csrc/python/ipc_emulation.h), one thread per rank: the backend's CUDA-IPC path with the separate
+// kernels, except that the copies and barriers run on the host. The CPU tests otherwise run these
+// schedules with the CPU codec only (qcomm._C._testing.ipc_separate_emulate); this driver is how
+// the kernels meet the schedules' real call sequences (aliased partial sums, rotation, raw
+// phases) without a GPU. Run by scripts/simt_check.sh schedules DIR; the comparison against
+// qcomm/reference.py is tests/cuda/test_simt_schedules.py's.
+//
+// DIR/cases.txt holds one call per line:
+//   world dtype numel average seq algorithm rs ag group sym min_bytes microshards rotate sr tune
+//   shadow
+// (dtype 0 fp32, 1 fp16, 2 bf16; the rest is qcomm.QuantConfig.as_tuple()). Call i reads
+// DIR/in<i>.bin (world inputs of numel elements, rank after rank) and writes DIR/out<i>.bin (the
+// ranks' results, in the same layout). Calls of one world size share their buffers (300 KiB per
+// rank, or argv[2] bytes), so that their barrier counts carry on as a group's do. Prints one line
+// per call; exits non-zero when a call fails (a rank's error, or a barrier that gave up).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algo/algorithms.h"
+#include "cuda/cuda_codec_ops.h"
+#include "cuda/ipc_layout.h"
+#include "plan/plan.h"
+#include "python/ipc_emulation.h"
+#include "transport/ipc_exchange.h"
+
+using namespace qcomm;
+
+namespace {
+
+struct Case {
+  int world = 0;
+  int32_t dtype = kFloat32;
+  int64_t numel = 0;
+  bool average = false;
+  uint32_t seq = 0;
+  QuantConfig cfg;
+};
+
+bool parse(const std::string& line, Case* c) {
+  std::istringstream in(line);
+  int average = 0, sym = 0, sr = 0, tune = 0;
+  in >> c->world >> c->dtype >> c->numel >> average >> c->seq >> c->cfg.algorithm >>
+      c->cfg.rsBits >> c->cfg.agBits >> c->cfg.groupSize >> sym >> c->cfg.minBytes >>
+      c->cfg.microshards >> c->cfg.rotate >> sr >> tune >> c->cfg.shadow;
+  c->average = average != 0;
+  c->cfg.symmetric = sym != 0;
+  c->cfg.stochasticRounding = sr != 0;
+  c->cfg.tune = tune != 0;
+  return bool(in);
+}
+
+at::ScalarType scalarType(int32_t dtype) {
+  return dtype == kFloat32 ? at::kFloat : (dtype == kFloat16 ? at::kHalf : at::kBFloat16);
+}
+
+// Runs call `c` on every rank's `data` (in place) over `buffers`; "" or the first error.
+std::string runCall(const Case& c, std::vector<at::Tensor>& data,
+                    std::vector<std::vector<uint8_t>>& buffers) {
+  validateConfig(c.cfg);
+  CallFacts f;
+  f.numel = c.numel;
+  f.dtype = c.dtype;
+  f.opSum = !c.average;
+  f.opAvg = c.average;
+  f.world = c.world;
+  Plan plan = makePlan(f, c.cfg);
+  if (!plan.quantize) return "the config does not quantize: " + plan.reason;
+  plan.callSeq = c.seq;
+  std::string why;
+  const IpcExchangeGeometry g = ipcExchangeGeometry(c.world, int64_t(buffers[0].size()), &why);
+  if (!why.empty()) return why;
+  std::vector<uint8_t*> bufferPtrs;
+  for (auto& b : buffers) bufferPtrs.push_back(b.data());
+  // a rotated message that ends inside a group runs on a copy padded with zeros, as the backend's
+  std::vector<at::Tensor> work = data;
+  for (auto& t : work) {
+    if (needsPadding(plan)) t = paddedCopy(plan, t);
+  }
+  IpcError error{};
+  std::vector<std::string> failed(size_t(c.world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < c.world; ++r) {
+    threads.emplace_back([&, r]() {
+      IpcPeers peers{};
+      for (int q = 0; q < c.world; ++q) peers.buffers[q] = bufferPtrs[size_t(q)];
+      peers.world = c.world;
+      peers.rank = r;
+      peers.timeoutNs = 120LL * 1000000000LL;  // the emulated kernels are slow; a hang still ends
+      peers.hostError = &error;
+      try {
+        HostCopies copies;
+        copies.peers = peers;
+        IpcExchangeTransport<HostCopies> t(copies, g, bufferPtrs.data(), r, c.world,
+                                           planFingerprint(plan));
+        // the stream is the emulator's (every launch runs to its end before it returns)
+        std::unique_ptr<CodecOps> ops = makeCudaCodecOps(nullptr);
+        runAllreduce(plan, t, *ops, work[size_t(r)]);
+      } catch (const std::exception& e) {
+        failed[size_t(r)] = e.what();
+      }
+      at::Tensor& out = work[size_t(r)];
+      ipcPoisonIfAbortedEmulate(peers, static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < c.world; ++r) {
+    if (!work[size_t(r)].is_same(data[size_t(r)])) copyUnpadded(plan, work[size_t(r)], data[r]);
+  }
+  if (error.code != 0) return describeIpcError(error);
+  for (const std::string& e : failed) {
+    if (!e.empty()) return e;
+  }
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s DIR [buffer_bytes]\n", argv[0]);
+    return 2;
+  }
+  at::set_num_threads(1);
+  const std::string dir = argv[1];
+  const int64_t bufferBytes = argc > 2 ? std::stoll(argv[2]) : int64_t(300) << 10;
+  std::ifstream cases(dir + "/cases.txt");
+  if (!cases) {
+    std::fprintf(stderr, "schedules: no %s/cases.txt\n", dir.c_str());
+    return 2;
+  }
+  std::map<int, std::vector<std::vector<uint8_t>>> buffers;  // by world size, kept across calls
+  std::string line;
+  int calls = 0, failures = 0;
+  for (int i = 0; std::getline(cases, line); ++i) {
+    if (line.empty()) continue;
+    Case c;
+    if (!parse(line, &c)) {
+      std::fprintf(stderr, "schedules: cannot read case %d: %s\n", i, line.c_str());
+      return 2;
+    }
+    const int64_t bytes = c.numel * dtypeBytes(c.dtype);
+    std::vector<uint8_t> raw(size_t(bytes) * size_t(c.world));
+    std::ifstream in(dir + "/in" + std::to_string(i) + ".bin", std::ios::binary);
+    if (!in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size()))) {
+      std::fprintf(stderr, "schedules: case %d: cannot read in%d.bin\n", i, i);
+      return 2;
+    }
+    std::vector<at::Tensor> data;
+    for (int r = 0; r < c.world; ++r) {
+      at::Tensor t = at::empty({c.numel}, at::TensorOptions().dtype(scalarType(c.dtype)));
+      std::memcpy(t.data_ptr(), raw.data() + size_t(r) * size_t(bytes), size_t(bytes));
+      data.push_back(t);
+    }
+    auto& bufs = buffers[c.world];
+    if (bufs.empty()) bufs.assign(size_t(c.world), std::vector<uint8_t>(size_t(bufferBytes), 0));
+    std::string error;
+    try {
+      error = runCall(c, data, bufs);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    ++calls;
+    std::printf("call %d: world %d %s numel %lld %s rs %d ag %d rotate %d: %s\n", i, c.world,
+                algoName(c.cfg.algorithm), (long long)c.numel, c.average ? "avg" : "sum",
+                c.cfg.rsBits, c.cfg.agBits, c.cfg.rotate, error.empty() ? "ran" : error.c_str());
+    if (!error.empty()) {
+      ++failures;
+      continue;
+    }
+    for (int r = 0; r < c.world; ++r) {
+      std::memcpy(raw.data() + size_t(r) * size_t(bytes), data[size_t(r)].data_ptr(),
+                  size_t(bytes));
+    }
+    std::ofstream out(dir + "/out" + std::to_string(i) + ".bin", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(raw.data()), std::streamsize(raw.size()));
+  }
+  std::printf("schedules with the CUDA codec: %d calls, %d failed\n", calls, failures);
+  return failures == 0 && calls > 0 ? 0 : 1;
+}
