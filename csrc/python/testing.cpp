@@ -430,6 +430,9 @@ void registerTesting(py::module& m, py::object backendBase) {
       py::arg("seq0"), py::arg("seq1"),
       "what the header exchange says of two ranks whose equal plans carry these call numbers");
   m.def(
+      "plan_header_bytes", []() { return int64_t(sizeof(PlanHeader)); },
+      "bytes of the plan header each rank contributes to the header exchange");
+  m.def(
       "set_call_timing_factor",
       [](py::object backend, double factor) {
         backend.cast<QncclBackend*>()->setCallTimingFactor(factor);
