@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "algo/algorithms.h"
+#include "backend/names.h"
 #include "backend/progress.h"
 #include "backend/work.h"
 #include "codec/codec_cpu.h"
@@ -277,49 +278,6 @@ Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op, bool useTable
 }
 
 namespace {
-
-// A dtype as Python spells it (torch.float32: "float32").
-std::string dtypeName(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return "float32";
-    case at::kDouble:
-      return "float64";
-    case at::kHalf:
-      return "float16";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kLong:
-      return "int64";
-    case at::kInt:
-      return "int32";
-    case at::kShort:
-      return "int16";
-    case at::kChar:
-      return "int8";
-    case at::kByte:
-      return "uint8";
-    case at::kBool:
-      return "bool";
-    default:
-      return c10::toString(t);
-  }
-}
-
-// A power of two of bytes, 2^k: "4 KiB".
-std::string bytesName(int k) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  const int u = std::min(k / 10, 4);
-  return std::to_string(int64_t(1) << (k - 10 * u)) + " " + units[u];
-}
-
-// "2^k B to 2^(k+1) B" in units, for the size class holding `bytes` (bytes in [2^k, 2^(k+1))).
-std::string sizeClassName(int64_t bytes) {
-  if (bytes == 0) return "0 B";
-  int k = 0;
-  while (k < 62 && (int64_t(2) << k) <= bytes) ++k;
-  return bytesName(k) + " to " + bytesName(k + 1);
-}
 
 constexpr int64_t kQuietCalls = 100;
 
@@ -607,11 +565,13 @@ std::string QncclBackend::agreeOnPlan(const Plan& plan, C10dTransport& t) {
   return describeMismatch(all);
 }
 
+std::string QncclBackend::agreeHere(const Plan& plan, std::chrono::milliseconds timeout) {
+  C10dTransport control(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
+  return agreeOnPlan(plan, control);
+}
+
 std::string QncclBackend::agreeOnQueue(const Plan& plan, std::chrono::milliseconds timeout) {
-  auto agree = [this, &plan, timeout]() {
-    C10dTransport control(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
-    return agreeOnPlan(plan, control);
-  };
+  auto agree = [this, &plan, timeout]() { return agreeHere(plan, timeout); };
   if (queue_.onThread()) return agree();
   auto result = std::make_shared<std::promise<std::string>>();
   std::future<std::string> done = result->get_future();

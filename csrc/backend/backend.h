@@ -274,6 +274,8 @@ class QncclBackend : public c10d::Backend {
   void logDecision(const Plan& plan, const at::Tensor& t, c10d::ReduceOp op);
   // Exchange the plan's header; returns the difference, if ranks disagree ("" if they agree).
   std::string agreeOnPlan(const Plan& plan, C10dTransport& t);
+  // agreeOnPlan over Gloo on the calling thread (the progress thread's own calls).
+  std::string agreeHere(const Plan& plan, std::chrono::milliseconds timeout);
   // agreeOnPlan over Gloo, run on the progress thread behind the host-memory calls queued there
   // (the caller waits): a call from another thread (the CUDA path's) keeps Gloo's order of
   // collectives the same on every rank.

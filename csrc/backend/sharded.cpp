@@ -13,6 +13,7 @@
 
 #include "algo/algorithms.h"
 #include "backend/backend.h"
+#include "backend/names.h"
 #include "backend/work.h"
 #include "codec/codec_ops.h"
 #include "common/errors.h"
@@ -22,34 +23,6 @@
 
 namespace qcomm {
 namespace {
-
-// torch's own spelling of the dtypes the log names
-std::string dtypeText(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return "float32";
-    case at::kHalf:
-      return "float16";
-    case at::kBFloat16:
-      return "bfloat16";
-    default:
-      return c10::toString(t);
-  }
-}
-
-// "4 KiB to 8 KiB": the size class (a power of two of bytes) holding `bytes`, as the allreduce's
-// log and shadow keys spell it (backend.cpp)
-std::string sizeClassText(int64_t bytes) {
-  if (bytes == 0) return "0 B";
-  int k = 0;
-  while (k < 62 && (int64_t(2) << k) <= bytes) ++k;
-  auto name = [](int e) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    const int u = std::min(e / 10, 4);
-    return std::to_string(int64_t(1) << (e - 10 * u)) + " " + units[u];
-  };
-  return name(k) + " to " + name(k + 1);
-}
 
 bool complexOrSparse(const at::Tensor& t) {
   const bool complexView = t.is_view() && t._base().is_complex();
@@ -108,8 +81,8 @@ void QncclBackend::logSharded(const Plan& plan, const ShardedCall& call) {
     what = "passed through: " + plan.reason;
   }
   const std::string size =
-      sizeClassText(call.message.numel() * int64_t(call.message.element_size()));
-  const std::string dtype = dtypeText(call.message.scalar_type());
+      sizeClassName(call.message.numel() * int64_t(call.message.element_size()));
+  const std::string dtype = dtypeName(call.message.scalar_type());
   {
     std::lock_guard<std::mutex> lock(logMutex_);
     if (!logged_.insert(std::string(call.name) + "/" + size + "/" + dtype + "/" + what).second) {

@@ -207,11 +207,7 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
   // every rank measures the same class: the call's header first (a mismatch raises on every
   // rank alike and leaves the group usable)
   std::string mismatch;
-  guardTransport([&] {
-    C10dTransport transport(gloo_.get(), getRank(), getSize(), timeout,
-                            C10dTransport::kPointToPoint);
-    mismatch = agreeOnPlan(plan, transport);
-  });
+  guardTransport([&] { mismatch = agreeHere(plan, timeout); });
   requireAgreement(mismatch);
   std::vector<double> first(n), med(n, -1.0);
   std::vector<bool> keep(n, true);
@@ -386,11 +382,7 @@ void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
   c10d::AllreduceOptions opts;
   opts.timeout = timeout;
   std::string mismatch;
-  guardTransport([&] {
-    C10dTransport transport(gloo_.get(), getRank(), getSize(), timeout,
-                            C10dTransport::kPointToPoint);
-    mismatch = agreeOnPlan(plan, transport);
-  });
+  guardTransport([&] { mismatch = agreeHere(plan, timeout); });
   requireAgreement(mismatch);
   double med[2] = {-1, -1};
   guardTransport([&] {

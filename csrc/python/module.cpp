@@ -17,6 +17,22 @@ namespace py = pybind11;
 namespace qcomm {
 namespace {
 
+// What qcomm.plan returns of a plan (the sharded form adds its collective and factor).
+py::dict planDict(const Plan& p) {
+  py::dict d;
+  d["quantize"] = p.quantize;
+  d["reason"] = p.reason;
+  d["algorithm"] = std::string(algoName(p.quantize ? p.algorithm : kAlgoNone));
+  d["rs_bits"] = p.rs.bits;
+  d["ag_bits"] = p.ag.bits;
+  d["chunk_elems"] = p.chunkElems;
+  d["microshards"] = p.microshards;
+  d["rotate"] = p.rotate;
+  d["stochastic_rounding"] = p.stochastic;
+  d["shard_elems"] = p.shardElems;
+  return d;
+}
+
 py::dict valueToDict(const settings::Value& v) {
   py::dict d;
   d["text"] = v.text;
@@ -182,19 +198,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(
           "plan",
           [](const QncclBackend& b, const at::Tensor& t, c10d::ReduceOp op) {
-            const Plan p = b.planFor(t, op);
-            py::dict d;
-            d["quantize"] = p.quantize;
-            d["reason"] = p.reason;
-            d["algorithm"] = std::string(algoName(p.quantize ? p.algorithm : kAlgoNone));
-            d["rs_bits"] = p.rs.bits;
-            d["ag_bits"] = p.ag.bits;
-            d["chunk_elems"] = p.chunkElems;
-            d["microshards"] = p.microshards;
-            d["rotate"] = p.rotate;
-            d["stochastic_rounding"] = p.stochastic;
-            d["shard_elems"] = p.shardElems;
-            return d;
+            return planDict(b.planFor(t, op));
           },
           py::arg("tensor"), py::arg("op"))
       .def(
@@ -202,18 +206,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           [](const QncclBackend& b, int collective, const at::Tensor& message,
              const at::Tensor& shard, c10d::ReduceOp op) {
             const Plan p = b.planForSharded(collective, message, shard, op);
-            py::dict d;
+            py::dict d = planDict(p);
             d["collective"] = std::string(collectiveName(p.collective));
-            d["quantize"] = p.quantize;
-            d["reason"] = p.reason;
-            d["algorithm"] = std::string(algoName(p.quantize ? p.algorithm : kAlgoNone));
-            d["rs_bits"] = p.rs.bits;
-            d["ag_bits"] = p.ag.bits;
-            d["chunk_elems"] = p.chunkElems;
-            d["microshards"] = p.microshards;
-            d["rotate"] = p.rotate;
-            d["stochastic_rounding"] = p.stochastic;
-            d["shard_elems"] = p.shardElems;
             d["premul_factor"] = p.premul ? py::object(py::float_(p.factor)) : py::none();
             return d;
           },

@@ -1,0 +1,56 @@
+// How the backend's messages and stats keys spell dtypes and size classes (backend.cpp,
+// sharded.cpp): torch's names, and the power-of-two classes of bytes the log and shadow use.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace qcomm {
+
+// A dtype as Python spells it (torch.float32: "float32").
+inline std::string dtypeName(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat:
+      return "float32";
+    case c10::kDouble:
+      return "float64";
+    case c10::kHalf:
+      return "float16";
+    case c10::kBFloat16:
+      return "bfloat16";
+    case c10::kLong:
+      return "int64";
+    case c10::kInt:
+      return "int32";
+    case c10::kShort:
+      return "int16";
+    case c10::kChar:
+      return "int8";
+    case c10::kByte:
+      return "uint8";
+    case c10::kBool:
+      return "bool";
+    default:
+      return c10::toString(t);
+  }
+}
+
+// A power of two of bytes, 2^k: "4 KiB".
+inline std::string bytesName(int k) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  const int u = std::min(k / 10, 4);
+  return std::to_string(int64_t(1) << (k - 10 * u)) + " " + units[u];
+}
+
+// "2^k B to 2^(k+1) B" in units, for the size class holding `bytes` (bytes in [2^k, 2^(k+1))).
+inline std::string sizeClassName(int64_t bytes) {
+  if (bytes == 0) return "0 B";
+  int k = 0;
+  while (k < 62 && (int64_t(2) << k) <= bytes) ++k;
+  return bytesName(k) + " to " + bytesName(k + 1);
+}
+
+}  // namespace qcomm
