@@ -221,6 +221,24 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::forward(c10d::Backend* inner, const
   return work;
 }
 
+c10::intrusive_ptr<c10d::Work> QncclBackend::queueCall(std::function<void()> run,
+                                                       const c10::intrusive_ptr<QueuedWork>& work,
+                                                       bool asyncOp) {
+  auto fail = [work](const std::exception_ptr& e) { work->fail(e); };
+  if (queue_.onThread()) {
+    // issued from a callback on the progress thread (a future's then): nothing else can run now
+    try {
+      run();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  } else {
+    queue_.push(std::move(run), std::move(fail));
+  }
+  if (!asyncOp) work->wait();  // raises the call's error here, as the synchronous path did
+  return work;
+}
+
 c10d::Backend* QncclBackend::pickAll(const std::vector<at::Tensor>& ts, const char* op) const {
   TORCH_CHECK_VALUE(!ts.empty(), prefix(), op, ": no tensors given");
   checkUsable(op);
@@ -440,19 +458,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
     self->runQueued(plan, t, timeout);
     work->complete();
   };
-  auto fail = [work](const std::exception_ptr& e) { work->fail(e); };
-  if (queue_.onThread()) {
-    // issued from a callback on the progress thread (a future's then): nothing else can run now
-    try {
-      run();
-    } catch (...) {
-      fail(std::current_exception());
-    }
-  } else {
-    queue_.push(std::move(run), std::move(fail));
-  }
-  if (!opts.asyncOp) work->wait();  // raises the call's error here, as the synchronous path did
-  return work;
+  return queueCall(std::move(run), work, opts.asyncOp);
 }
 
 void QncclBackend::runQueued(const Plan& plan, at::Tensor& tensor,

@@ -69,6 +69,7 @@ struct ShardedCall {
 // The CUDA side of a group (backend_cuda.cpp): the device, the transport chosen at the first
 // quantized CUDA allreduce, and the side stream of async ops.
 struct CudaPath;
+class QueuedWork;  // backend/work.h
 struct CudaPathDeleter {
   void operator()(CudaPath* p) const;
 };
@@ -274,6 +275,12 @@ class QncclBackend : public c10d::Backend {
   void logDecision(const Plan& plan, const at::Tensor& t, c10d::ReduceOp op);
   // Exchange the plan's header; returns the difference, if ranks disagree ("" if they agree).
   std::string agreeOnPlan(const Plan& plan, C10dTransport& t);
+  // Runs a quantized call's `run` on the progress thread in issue order (at once where the caller
+  // is that thread: a future's callback), failing `work` with what it throws; waits for it unless
+  // `asyncOp` (a synchronous call raises its error here).
+  c10::intrusive_ptr<c10d::Work> queueCall(std::function<void()> run,
+                                           const c10::intrusive_ptr<QueuedWork>& work,
+                                           bool asyncOp);
   // agreeOnPlan over Gloo on the calling thread (the progress thread's own calls).
   std::string agreeHere(const Plan& plan, std::chrono::milliseconds timeout);
   // agreeOnPlan over Gloo, run on the progress thread behind the host-memory calls queued there

@@ -131,18 +131,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
                 "QuantConfig (qcomm.set_config on every rank).");
     work->complete();
   };
-  auto fail = [work](const std::exception_ptr& e) { work->fail(e); };
-  if (queue_.onThread()) {
-    try {
-      run();
-    } catch (...) {
-      fail(std::current_exception());
-    }
-  } else {
-    queue_.push(std::move(run), std::move(fail));
-  }
-  if (!asyncOp) work->wait();
-  return work;
+  return queueCall(std::move(run), work, asyncOp);
 }
 
 std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
