@@ -1,6 +1,9 @@
 """DDP training step time over a slow link: Gloo fp32, Gloo with DDP's bf16_compress_hook, qnccl
 int8 and int4 (default algorithm), side by side in one run; and int8_blocking, qnccl int8 as it
-ran before the CPU engine (each bucket's allreduce in the caller, so backward waits for it).
+ran before the CPU engine (each bucket's allreduce in the caller, so backward waits for it);
+int8_defaults, qnccl int8 with `auto` tuned (off unless asked for: --variants), whose tuning cache
+is a user's (~/.cache/qcomm) or, with --cache-dir DIR, the one a run of tune_defaults.py or of this
+script with the same DIR left there (the goal: a cache written over another link does not slow it).
 
 The cluster is slow_cluster.py's: N ranks, each in its own network namespace, a `tc tbf` limit of
 --rate each way per rank. The model is an MLP of --layers x Linear(--width, --width) (default 4 x
@@ -36,6 +39,7 @@ sys.path.insert(0, HERE)
 import slow_cluster  # noqa: E402  (its namespaces and rate limits)
 
 VARIANTS = ("gloo", "bf16_hook", "int8", "int4", "int8_blocking")
+EXTRA = ("int8_defaults",)
 
 
 def _blocking_hook(group, bucket):
@@ -83,6 +87,9 @@ def worker(args) -> int:
         ),
         "int8_blocking": dist.new_group(
             backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=8, ag_bits=8, tune=False)
+        ),
+        "int8_defaults": dist.new_group(
+            backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=8, ag_bits=8, tune=True)
         ),
     }
     variants = [v for v in args.variants.split(",") if v]
@@ -209,11 +216,22 @@ def main() -> int:
         default="comm:0.05,middle:0.2,compute:0.8",
         help="name:target seconds of one compute-only step, comma-separated",
     )
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"of {','.join(VARIANTS + EXTRA)}"
+    )
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--csv", default=None)
-    return slow_cluster.dispatch(ap, __file__, worker)
+    ap.add_argument(
+        "--cache-dir", default=None, help="int8_defaults: the tuning cache's directory, kept"
+    )
+
+    def before(args):
+        if args.cache_dir:  # the cache a user's run keeps, under this directory: a file per key
+            os.environ.pop("QCOMM_TUNE_FILE", None)
+            os.environ["XDG_CACHE_HOME"] = os.path.abspath(args.cache_dir)
+
+    return slow_cluster.dispatch(ap, __file__, worker, before)
 
 
 if __name__ == "__main__":
