@@ -471,6 +471,22 @@ void registerTesting(py::module& m, py::object backendBase) {
       },
       py::arg("backend"), py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
       "holds the lock a running quantized call holds, for `seconds`, on another thread");
+  m.def(
+      "agree_as_cuda_calls_do",
+      [](py::object backend, const at::Tensor& t, bool avg, std::chrono::milliseconds timeout) {
+        QncclBackend* be = backend.cast<QncclBackend*>();
+        Plan plan = be->planFor(t, c10d::ReduceOp(avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM));
+        TORCH_CHECK_VALUE(plan.quantize, "agree_as_cuda_calls_do: this allreduce would pass ",
+                          "through (", plan.reason, ")");
+        plan.callSeq = be->nextCallSeq();
+        const py::gil_scoped_release noGil;
+        be->agreeOnCudaCall(plan, timeout);
+      },
+      py::arg("backend"), py::arg("tensor"), py::arg("avg") = false,
+      py::arg("timeout") = std::chrono::milliseconds(60000),
+      "the host agreement a quantized CUDA allreduce of this tensor's numel and dtype makes "
+      "(QncclBackend::agreeOnCudaCall), issued from the calling thread as the CUDA path issues "
+      "it, with the call number the next quantized call takes (not advanced); raises a mismatch");
   m.def("live_backends", &QncclBackend::liveCount,
         "QncclBackend objects alive in this process (for tests of group destruction)");
   m.def("progress_threads", &ProgressQueue::liveThreads,
