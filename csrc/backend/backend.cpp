@@ -587,6 +587,10 @@ std::string QncclBackend::agreeOnQueue(const Plan& plan, std::chrono::millisecon
   return done.get();
 }
 
+void QncclBackend::agreeOnCudaCall(const Plan& plan, std::chrono::milliseconds timeout) {
+  requireAgreement(agreeOnQueue(plan, timeout));
+}
+
 // ---- pass-through ----
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::broadcast(std::vector<at::Tensor>& tensors,

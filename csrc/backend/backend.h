@@ -145,6 +145,13 @@ class QncclBackend : public c10d::Backend {
   // A test hook: holds the lock of the group's buffers for `seconds` on another thread (as a
   // running call does); returns once it is held.
   void holdScratchLockForTest(double seconds);
+  // The host agreement of a quantized CUDA call, where the CUDA path has one (backend_cuda.cpp:
+  // the NCCL transport, the fused experiment, groups that check their calls): the call's header
+  // exchanged over Gloo on the progress thread, behind the host-memory calls queued there (the
+  // caller waits), so that Gloo pairs every rank's collectives in the same order; a disagreement
+  // raises on every rank alike. In every build: a test hook runs it with a host tensor's plan
+  // (qcomm._C._testing.agree_as_cuda_calls_do).
+  void agreeOnCudaCall(const Plan& plan, std::chrono::milliseconds timeout);
   c10::intrusive_ptr<c10d::Backend> inner(bool cuda) const { return cuda ? nccl_ : gloo_; }
   // The transport quantized CUDA allreduces use ("ipc" or "nccl"), "" before the first one, and
   // why CUDA IPC was not chosen (empty when it was).

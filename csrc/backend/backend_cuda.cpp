@@ -275,7 +275,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
     // on every rank (a CPU allreduce queued before this call goes first everywhere).
     shared = true;
     if (!useIpc || !ipc->separate() || checkCalls_) {
-      requireAgreement(agreeOnQueue(plan, timeout));
+      agreeOnCudaCall(plan, timeout);
     }
     // an earlier call's kernel gave up: say so before enqueuing more. After the agreement, so that
     // a peer whose kernels ended cleanly is not left waiting in it: it enqueues, and its kernel

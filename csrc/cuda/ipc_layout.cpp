@@ -57,4 +57,10 @@ std::string describeIpcError(const IpcError& e) {
          after;
 }
 
+std::string ipcAbandonedError(const std::string& cause) {
+  return "allreduce: an earlier call failed on this rank before its launches (" + cause +
+         "); its peers were stopped. This group's CUDA allreduces cannot continue: destroy it and "
+         "create a new one.";
+}
+
 }  // namespace qcomm

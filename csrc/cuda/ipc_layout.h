@@ -83,4 +83,20 @@ IpcExchangeGeometry ipcExchangeGeometry(int world, int64_t bufferBytes, std::str
 // The sentence for a recorded error (code != 0), after the rank prefix.
 std::string describeIpcError(const IpcError& e);
 
+// Sets the abort word (kIpcAbortOffset) of every rank's buffer, through set(word) (a nonzero
+// store: a memset on the device, a release store on the host), so that every rank's spins end at
+// once: what a rank does when its call fails outside its kernels (a launch failing part-way, and
+// an error before the call's launches: IpcTransport::abortPeers and abandon; the host emulation,
+// csrc/python/ipc_emulation.cpp). `buffers`: every rank's buffer as mapped here, null where not.
+template <class Set>
+void ipcSetAbortWords(uint8_t* const* buffers, int world, Set&& set) {
+  for (int r = 0; r < world && r < kIpcMaxRanks; ++r) {
+    if (buffers[r] != nullptr) set(reinterpret_cast<uint32_t*>(buffers[r] + kIpcAbortOffset));
+  }
+}
+
+// What every later call of a rank raises (after the rank prefix) once a call of its failed before
+// its launches with `cause` and the rank set the abort words (IpcTransport::abandon).
+std::string ipcAbandonedError(const std::string& cause);
+
 }  // namespace qcomm

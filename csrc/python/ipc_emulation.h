@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstring>
+#include <vector>
 
 #include "cuda/ipc_barrier.h"
 #include "cuda/ipc_host_sync.h"
@@ -20,6 +21,13 @@ bool ipcBarrierEmulate(const IpcPeers& p, uint32_t index, const uint32_t* finger
 // The host side of gpu::ipcPoisonIfAborted: every byte of `data` 0xFF if this rank's abort word is
 // set.
 void ipcPoisonIfAbortedEmulate(const IpcPeers& p, uint8_t* data, int64_t bytes);
+
+// The host side of IpcTransport::abandon: rank p.rank's call failed before its launches while
+// the ranks `waiting` are in the call's first barrier, waiting for it. Once each of them has
+// released that barrier's flag into this rank's buffer, sets every rank's abort word as abandon
+// does (ipcSetAbortWords, ipc_layout.h), so that their barriers stop at once. False, setting
+// nothing, if one has not come within p.timeoutNs.
+bool ipcAbandonEmulate(const IpcPeers& p, const std::vector<int>& waiting);
 
 // The host executor of the exchange: memcpy, and the barrier above.
 struct HostCopies {

@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "algo/algorithms.h"
@@ -262,12 +263,16 @@ struct CountingHostCopies : HostCopies {
 // (default all), in place on `inputs`. As the backend's: the call's first barrier compares the
 // ranks' plan fingerprints, and a rank whose barriers gave up leaves 0xFF bytes (NaN) in its
 // output. Tests of mismatched calls give ranks inputs of different numels or dtypes, their own
-// configs (`rank_configs`) or call numbers (`rank_seqs`).
+// configs (`rank_configs`) or call numbers (`rank_seqs`). The ranks of `abandon` (among `ranks`)
+// fail before their call's launches instead of running it, once the others wait for them in its
+// first barrier, and take the backend's abort path (IpcTransport::abandon): their outputs stay
+// as they were.
 std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
                                            std::vector<at::Tensor> buffers, py::tuple cfg,
                                            bool average, uint32_t callSeq, int64_t timeoutMs,
                                            std::vector<int> ranks, std::vector<uint32_t> rankSeqs,
-                                           std::vector<py::tuple> rankConfigs) {
+                                           std::vector<py::tuple> rankConfigs,
+                                           std::vector<int> abandon) {
   const int world = int(inputs.size());
   TORCH_CHECK_VALUE(rankSeqs.empty() || int(rankSeqs.size()) == world,
                     "ipc_separate_emulate: rank_seqs needs one call number per rank");
@@ -286,6 +291,17 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
   TORCH_CHECK_VALUE(why.empty(), "ipc_separate_emulate: ", why);
   if (ranks.empty()) {
     for (int r = 0; r < world; ++r) ranks.push_back(r);
+  }
+  auto abandons = [&abandon](int r) {
+    return std::find(abandon.begin(), abandon.end(), r) != abandon.end();
+  };
+  std::vector<int> running;  // the ranks that run their call
+  for (int r : ranks) {
+    if (!abandons(r)) running.push_back(r);
+  }
+  for (int r : abandon) {
+    TORCH_CHECK_VALUE(std::find(ranks.begin(), ranks.end(), r) != ranks.end(),
+                      "ipc_separate_emulate: abandon names rank ", r, ", which is not in ranks");
   }
   IpcError error{};
   std::vector<uint8_t*> bufferPtrs;
@@ -312,6 +328,15 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
         peers.rank = r;
         peers.timeoutNs = timeoutMs * 1000000;
         peers.hostError = &error;
+        if (abandons(r)) {
+          // its call fails before its launches (as an allocation failing): the abort path, once
+          // its peers wait for it; nothing of the call ran, so no end check either
+          failed[i] = rankPrefix(r, world) +
+                      (ipcAbandonEmulate(peers, running)
+                           ? ipcAbandonedError("emulated: an allocation failed")
+                           : "ipc_separate_emulate: a peer never entered the call's first barrier");
+          return;
+        }
         try {
           const Plan& plan = plans[size_t(r)];
           CountingHostCopies copies;
@@ -446,6 +471,22 @@ void registerTesting(py::module& m, py::object backendBase) {
       },
       py::arg("backend"), py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
       "holds the lock a running quantized call holds, for `seconds`, on another thread");
+  m.def(
+      "agree_as_cuda_calls_do",
+      [](py::object backend, const at::Tensor& t, bool avg, std::chrono::milliseconds timeout) {
+        QncclBackend* be = backend.cast<QncclBackend*>();
+        Plan plan = be->planFor(t, c10d::ReduceOp(avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM));
+        TORCH_CHECK_VALUE(plan.quantize, "agree_as_cuda_calls_do: this allreduce would pass ",
+                          "through (", plan.reason, ")");
+        plan.callSeq = be->nextCallSeq();
+        const py::gil_scoped_release noGil;
+        be->agreeOnCudaCall(plan, timeout);
+      },
+      py::arg("backend"), py::arg("tensor"), py::arg("avg") = false,
+      py::arg("timeout") = std::chrono::milliseconds(60000),
+      "the host agreement a quantized CUDA allreduce of this tensor's numel and dtype makes "
+      "(QncclBackend::agreeOnCudaCall), issued from the calling thread as the CUDA path issues "
+      "it, with the call number the next quantized call takes (not advanced); raises a mismatch");
   m.def("live_backends", &QncclBackend::liveCount,
         "QncclBackend objects alive in this process (for tests of group destruction)");
   m.def("progress_threads", &ProgressQueue::liveThreads,
@@ -460,7 +501,8 @@ void registerTesting(py::module& m, py::object backendBase) {
         py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,
         py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{},
         py::arg("rank_seqs") = std::vector<uint32_t>{},
-        py::arg("rank_configs") = std::vector<py::tuple>{});
+        py::arg("rank_configs") = std::vector<py::tuple>{},
+        py::arg("abandon") = std::vector<int>{});
   m.def(
       "ipc_exchange_geometry",
       [](int world, int64_t bufferBytes) {

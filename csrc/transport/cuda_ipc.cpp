@@ -333,9 +333,7 @@ void IpcTransport::abortPeers() {
   // stream of its own: any other stream may be queued behind the very kernel this is to stop.
   cudaStream_t s = nullptr;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
-    for (int r = 0; r < world_ && r < kIpcMaxRanks; ++r) {
-      if (peers_[r] != nullptr) cudaMemsetAsync(peers_[r] + kIpcAbortOffset, 1, 4, s);
-    }
+    ipcSetAbortWords(peers_, world_, [s](uint32_t* word) { cudaMemsetAsync(word, 1, 4, s); });
     cudaStreamDestroy(s);  // returns at once; the memsets still run
   }
   cudaGetLastError();
@@ -399,11 +397,7 @@ void IpcTransport::ended(cudaStream_t stream, bool eager, const std::string& cau
 void IpcTransport::abandon(const std::string& cause) {
   abortPeers();
   std::lock_guard<std::mutex> lock(brokenMutex_);
-  if (broken_.empty()) {
-    broken_ = "allreduce: an earlier call failed on this rank before its launches (" + cause +
-              "); its peers were stopped. This group's CUDA allreduces cannot continue: destroy "
-              "it and create a new one.";
-  }
+  if (broken_.empty()) broken_ = ipcAbandonedError(cause);
 }
 
 std::vector<int64_t> IpcTransport::profile() const {

@@ -63,8 +63,10 @@ class IpcTransport {
   void ended(cudaStream_t stream, bool eager, const std::string& cause);
   // This rank's call failed before enqueuing anything (an allocation, a device check) while its
   // peers' calls may already wait for it in their first barrier: stop every rank's kernels now
-  // (the abort word), as a launch failing part-way does, rather than let them spin to the group's
-  // timeout; every later call on this rank raises `cause`. The group cannot continue.
+  // (the abort words, ipcSetAbortWords), as a launch failing part-way does, rather than let them
+  // spin to the group's timeout; every later call on this rank raises ipcAbandonedError(cause).
+  // The group cannot continue. The host emulation takes the same path (ipcAbandonEmulate; CPU
+  // test in tests/transport/test_ipc_exchange.py).
   void abandon(const std::string& cause);
   // Throws, naming rank, step, peer and tile, if a kernel of this transport gave up, or if a
   // launch failed part-way (the barrier counts can no longer agree). Reads host-mapped memory:

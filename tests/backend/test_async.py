@@ -2,6 +2,7 @@
 issue order with the pass-through calls, and behaves as Gloo's async work does (wait, is_completed,
 the future and its callbacks, errors at wait, destroy with calls queued, no thread left behind)."""
 
+import datetime
 import os
 import time
 
@@ -185,6 +186,59 @@ def test_async_calls_on_two_groups_in_opposite_orders_finish():
     for seconds, a, b in run_ranks(_opposite_worker, 2, timeout=120):
         assert abs(a - 2.0) < 0.02 and abs(b - 4.0) < 0.04, (a, b)
         assert seconds < 30, seconds
+
+
+# ---- a CUDA call's host agreement keeps Gloo's order with the queued calls ----
+
+
+def _cuda_agreement_worker(rank, world):
+    """A quantized CUDA call's host agreement (QncclBackend::agreeOnCudaCall, issued from the
+    caller's thread as the CUDA path issues it) while host-memory calls are queued on rank 0 and
+    none on rank 1. Both ranks issue L and A async, then the agreement; on rank 0, L stops a second
+    at the group's buffers (held) after its header exchange, so A is still queued when the
+    agreement is issued; rank 1 waits for A first. Gloo pairs collectives by their order on each
+    rank: an agreement run on the caller's thread goes before A's header exchange on rank 0 and
+    after it on rank 1, and they pair crosswise (both raise a mismatch); run behind the queued
+    calls, it goes after A on both, and every result is the reference's."""
+    qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
+    be = qcomm.backend_of()
+    big, small = _inputs(1, world, 1 << 16), _inputs(2, world)
+    xl, xa = big[rank].clone(), small[rank].clone()
+    if rank == 0:
+        qcomm._C._testing.hold_buffer_lock(be, 1.0)
+    works = {"L": dist.all_reduce(xl, async_op=True), "A": dist.all_reduce(xa, async_op=True)}
+    problems = []
+    if rank == 1:
+        try:
+            works["A"].wait()
+        except RuntimeError as e:
+            problems.append(f"A: {e}")
+    t0 = time.monotonic()
+    try:
+        qcomm._C._testing.agree_as_cuda_calls_do(
+            be, torch.empty(1000), timeout=datetime.timedelta(seconds=20)
+        )
+    except RuntimeError as e:
+        problems.append(f"the agreement: {e}")
+    took = time.monotonic() - t0
+    for name, w in works.items():
+        try:
+            w.wait()
+        except RuntimeError as e:
+            problems.append(f"{name}: {e}")
+    for name, got, xs in (("L", xl, big), ("A", xa, small)):
+        if not torch.equal(got, ref.allreduce(xs).out):
+            problems.append(f"{name}: differs from the reference")
+    return problems, took
+
+
+def test_a_cuda_calls_host_agreement_pairs_behind_the_queued_calls():
+    # issue 37, defect 7, through a CPU seam: the agreement step itself, not the CUDA launch
+    results = run_ranks(_cuda_agreement_worker, 2, timeout=90)
+    for rank, (problems, _) in enumerate(results):
+        assert problems == [], f"rank {rank}: " + "\n".join(problems)
+    # rank 0's agreement waited for the calls queued before it (L held a second)
+    assert results[0][1] > 0.8, results[0][1]
 
 
 # ---- errors at wait, the group afterwards ----

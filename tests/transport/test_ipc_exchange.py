@@ -11,6 +11,7 @@ tests/cuda/test_cuda_allreduce.py. The rings over CUDA IPC are verified only thi
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -165,6 +166,35 @@ def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging(
         )
     # the abort word is set in every rank's buffer: the peers stop at once, not after a time-out
     assert all(b[64:68].view(torch.int32).item() == 1 for b in bufs)
+
+
+def test_ipc_separate_kernels_emulated_stop_at_once_when_a_rank_abandons_its_call():
+    # issue 37, defect 5: rank 2 fails before its call's launches (an allocation, a device check)
+    # while ranks 0 and 1 wait for it in the call's first barrier. It takes the abort path
+    # (IpcTransport::abandon, emulated on the host buffers: the same abort words): the peers stop
+    # at once with "a peer gave up", far below the 20 s bound they would otherwise spin to (and
+    # then report a time-out), their outputs NaN; rank 2's output is untouched (nothing ran)
+    world, timeout_ms = 3, 20000
+    bufs = [torch.zeros(1 << 20, dtype=torch.uint8) for _ in range(world)]
+    xs = inputs(world, 20000, torch.float32, 11)
+    outs = [x.clone() for x in xs]
+    cfg = qcomm.QuantConfig(algorithm="two_step", min_bytes=0)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as e:
+        qcomm._C._testing.ipc_separate_emulate(
+            outs, bufs, cfg.as_tuple(), timeout_ms=timeout_ms, abandon=[2]
+        )
+    took = time.monotonic() - t0
+    msg = str(e.value)
+    assert re.search(
+        r"rank [01] stopped because a peer gave up \(separate kernels' barrier 0 ", msg
+    ), msg
+    assert "(3 of 3 ranks stopped)" in msg, msg
+    assert took < timeout_ms / 1000 / 10, took
+    for r in (0, 1):
+        assert torch.isnan(outs[r]).all(), r
+    assert torch.equal(outs[2], xs[2])
+    assert all(b[64:68].view(torch.int32).item() != 0 for b in bufs)
 
 
 @pytest.mark.parametrize("algorithm", ["two_step", "ring", "semi_ring"])
