@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
+from tuning_env import CANDIDATES, MIB, factors_for, tune_env
 
 import qcomm
 from qcomm import _C, _tuning
@@ -21,19 +22,6 @@ from qcomm import reference as ref
 from dist_util import run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CANDIDATES = _C._testing.tune_candidates(2)
-MIB = 1 << 20
-
-
-def _env(tmp_path, **extra):
-    env = {"QCOMM_TUNE": "1", "QCOMM_TUNE_FILE": str(tmp_path / "tune.json")}
-    env.update(extra)
-    return env
-
-
-def _favour(name, world=2):
-    """Timing factors that make candidate `name` look 1000x faster than every other."""
-    return [0.001 if c == name else 1.0 for c in _C._testing.tune_candidates(world)]
 
 
 def test_decision_rule_prefers_exact_within_the_margin():
@@ -93,7 +81,7 @@ def test_every_rank_takes_the_same_choice_when_their_timings_differ(tmp_path):
     f1 = [1.0] * n
     f1[0] = 100.0
     f1[CANDIDATES.index("ring/4")] = 0.01
-    out = run_ranks(_skewed_worker, 2, [f0, f1], env=_env(tmp_path))
+    out = run_ranks(_skewed_worker, 2, [f0, f1], env=tune_env(tmp_path))
     (t0, c0, p0), (t1, c1, p1) = out
     assert c0 == c1 == 1
     assert t0 == t1 and len(t0) == 1
@@ -107,7 +95,7 @@ def test_every_rank_takes_the_same_choice_when_their_timings_differ(tmp_path):
 
 
 def _fixed_worker(rank, world, favour):
-    _C._testing.set_tune_timing_factors(qcomm.backend_of(), _favour(favour, world))
+    _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world))
     xs = [
         torch.randn(300_001, generator=torch.Generator().manual_seed(10 + r)) for r in range(world)
     ]
@@ -121,7 +109,7 @@ def _fixed_worker(rank, world, favour):
 
 @pytest.mark.parametrize("favour", ["ring/4", "two_step/16", "exact"])
 def test_a_tuned_plan_gives_the_bits_of_the_same_fixed_config(tmp_path, favour):
-    out = run_ranks(_fixed_worker, 2, favour, env=_env(tmp_path, QCOMM_MIN_BYTES="0"))
+    out = run_ranks(_fixed_worker, 2, favour, env=tune_env(tmp_path, QCOMM_MIN_BYTES="0"))
     xs = [torch.from_numpy(t) for t in out[0][4]]
     if favour == "exact":
         want = xs[0] + xs[1]  # Gloo's sum of two
@@ -140,7 +128,7 @@ def _cache_worker(rank, world):
 
 
 def test_the_cache_is_written_then_loaded_instead_of_measuring(tmp_path):
-    env = _env(tmp_path)
+    env = tune_env(tmp_path)
     first = run_ranks(_cache_worker, 2, env=env)
     assert [c for _, c, _ in first] == [1, 1]
     assert first[0][2] == env["QCOMM_TUNE_FILE"] and first[1][2] == ""  # rank 0 writes
@@ -153,7 +141,7 @@ def test_the_cache_is_written_then_loaded_instead_of_measuring(tmp_path):
 
 
 def test_a_corrupt_or_foreign_cache_is_ignored_and_rewritten(tmp_path):
-    env = _env(tmp_path)
+    env = tune_env(tmp_path)
     path = env["QCOMM_TUNE_FILE"]
     with open(path, "w") as f:
         f.write('{"format": 1, "key": ')  # cut short
@@ -211,7 +199,7 @@ def _explicit_worker(rank, world):
 def test_an_explicit_algorithm_is_not_tuned_over(tmp_path):
     cfg = qcomm.QuantConfig(algorithm="ring", tune=True)
     for measured, algo, refused, table in run_ranks(
-        _explicit_worker, 2, pg_options=cfg, env=_env(tmp_path)
+        _explicit_worker, 2, pg_options=cfg, env=tune_env(tmp_path)
     ):
         assert measured == 0 and algo == "ring" and table == []
         assert "algorithm is ring, chosen explicitly" in refused
@@ -250,14 +238,14 @@ def _mismatch_worker(rank, world):
 
 
 def test_ranks_tuning_different_sizes_raise_alike_and_the_group_stays_usable(tmp_path):
-    for first, after in run_ranks(_mismatch_worker, 2, env=_env(tmp_path)):
+    for first, after in run_ranks(_mismatch_worker, 2, env=tune_env(tmp_path)):
         assert "disagree" in first and "numel" in first
         assert after == 1.0
 
 
 def _async_ddp_worker(rank, world):
     be = qcomm.backend_of()
-    _C._testing.set_tune_timing_factors(be, _favour("two_step/4"))
+    _C._testing.set_tune_timing_factors(be, factors_for("two_step/4"))
     xs = [
         torch.randn(n, generator=torch.Generator().manual_seed(n + rank)) for n in (MIB // 4, MIB)
     ]
@@ -279,7 +267,7 @@ def _async_ddp_worker(rank, world):
 
 
 def test_tuning_under_async_op_and_inside_ddp(tmp_path):
-    out = run_ranks(_async_ddp_worker, 2, env=_env(tmp_path, QCOMM_MIN_BYTES="0"))
+    out = run_ranks(_async_ddp_worker, 2, env=tune_env(tmp_path, QCOMM_MIN_BYTES="0"))
     (x0, p0, t0, s0), (x1, p1, t1, s1) = out
     assert t0 == t1 and len(t0) >= 3  # the two async classes and DDP's buckets
     assert all(e["choice"] == "two_step/4" for e in t0)
@@ -290,7 +278,7 @@ def test_tuning_under_async_op_and_inside_ddp(tmp_path):
 
 
 def test_the_command_line_prints_the_table_and_writes_the_cache(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT, **_env(tmp_path))
+    env = dict(os.environ, PYTHONPATH=ROOT, **tune_env(tmp_path))
     r = subprocess.run(
         [
             sys.executable,
@@ -318,7 +306,7 @@ def test_the_command_line_prints_the_table_and_writes_the_cache(tmp_path):
 
 def test_the_command_line_refuses_cuda(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    env.update(PYTHONPATH=ROOT, **_env(tmp_path))
+    env.update(PYTHONPATH=ROOT, **tune_env(tmp_path))
     cmd = [sys.executable, "-m", "qcomm.tune", "--device", "cuda"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "host-memory allreduces only" in r.stderr, r.stderr[-2000:]

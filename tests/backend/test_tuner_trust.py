@@ -18,6 +18,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from tuning_env import CANDIDATES, MIB, factors_for, tune_env
 
 import qcomm
 from qcomm import _C, _tuning
@@ -25,19 +26,6 @@ from qcomm import _C, _tuning
 from dist_util import run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CANDIDATES = _C._testing.tune_candidates(2)
-MIB = 1 << 20
-
-
-def _env(tmp_path, **extra):
-    env = {"QCOMM_TUNE": "1", "QCOMM_TUNE_FILE": str(tmp_path / "tune.json")}
-    env.update(extra)
-    return env
-
-
-def _favour(name, world=2):
-    """Timing factors that make candidate `name` look 1000x faster than every other."""
-    return [0.001 if c == name else 1.0 for c in _C._testing.tune_candidates(world)]
 
 
 # ---- the key holds the path --------------------------------------------------------------------
@@ -82,7 +70,7 @@ def test_the_key_holds_the_network_path(tmp_path):
 
 def _check_worker(rank, world, favour):
     if favour:
-        _C._testing.set_tune_timing_factors(qcomm.backend_of(), _favour(favour, world))
+        _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world))
     before = qcomm.tuning()
     x = torch.randn(MIB // 4)
     dist.all_reduce(x)
@@ -90,7 +78,7 @@ def _check_worker(rank, world, favour):
 
 
 def test_a_cached_entry_is_checked_and_replaced_when_it_disagrees(tmp_path):
-    env = _env(tmp_path)
+    env = tune_env(tmp_path)
     first = run_ranks(_check_worker, 2, "ring/16", env=env)
     assert first[0][1][0]["choice"] == "ring/16" and first[0][2]["tuned_classes"] == 1
     # the fresh measurement agrees (ring/16 still far ahead of exact): the entry is kept, checked
@@ -127,7 +115,7 @@ def _drift_worker(rank, world, calls):
 
 def test_a_drift_seen_by_one_rank_retunes_every_rank_at_the_same_call(tmp_path):
     (seen0, re0), (seen1, re1) = run_ranks(
-        _drift_worker, 2, 40, env=_env(tmp_path, QCOMM_MIN_BYTES="0")
+        _drift_worker, 2, 40, env=tune_env(tmp_path, QCOMM_MIN_BYTES="0")
     )
     assert seen0 == seen1  # the same classes measured after every call, on both ranks
     assert seen0[0] == 1 and re0 == re1 == 1
@@ -141,7 +129,7 @@ def test_a_drift_seen_by_one_rank_retunes_every_rank_at_the_same_call(tmp_path):
 
 def _uneven_worker(rank, world):
     be = qcomm.backend_of()
-    _C._testing.set_tune_timing_factors(be, _favour("exact"))
+    _C._testing.set_tune_timing_factors(be, factors_for("exact"))
     a, b = torch.randn(MIB // 4), torch.randn(MIB // 4)
     if rank == 0:
         dist.all_reduce(a)  # the class is measured (exact) before b is issued: b reads the table
@@ -162,7 +150,7 @@ def _uneven_worker(rank, world):
 def test_call_numbers_do_not_depend_on_when_a_rank_read_the_table(tmp_path):
     cfg = qcomm.QuantConfig(shadow=2, tune=True)
     (s0, c0, sh0), (s1, c1, sh1) = run_ranks(
-        _uneven_worker, 2, pg_options=cfg, env=_env(tmp_path), timeout=120
+        _uneven_worker, 2, pg_options=cfg, env=tune_env(tmp_path), timeout=120
     )
     assert s0 == s1 == 2  # a and b counted alike: b passed through on both ranks
     assert c0 == c1 == 2.0
@@ -315,7 +303,7 @@ def _key_worker(rank, world):
 
 @pytest.mark.parametrize("kind", sorted(CORRUPT))
 def test_a_corrupt_cache_is_ignored_on_every_rank_at_once(tmp_path, kind, capfd):
-    env = _env(tmp_path)
+    env = tune_env(tmp_path)
     run_ranks(_key_worker, 2, env=env)  # a valid table of this set-up
     key = json.load(open(env["QCOMM_TUNE_FILE"]))["key"]
     open(env["QCOMM_TUNE_FILE"], "w").write(CORRUPT[kind](key))
@@ -351,7 +339,7 @@ def _odd_file_cases(tmp_path):
 def test_a_tune_file_that_is_not_a_regular_file_is_refused_and_left_alone(tmp_path, capfd):
     cases, target = _odd_file_cases(tmp_path)
     for path, kind in cases:
-        env = _env(tmp_path, QCOMM_TUNE_FILE=str(path))
+        env = tune_env(tmp_path, QCOMM_TUNE_FILE=str(path))
         start = time.monotonic()
         for measured, _ in run_ranks(_key_worker, 2, env=env, timeout=60):
             assert measured == 1  # measured, kept in memory
@@ -366,7 +354,7 @@ def test_a_tune_file_that_is_not_a_regular_file_is_refused_and_left_alone(tmp_pa
 
 
 def _cli(tmp_path, *args):
-    env = dict(os.environ, PYTHONPATH=ROOT, **_env(tmp_path))
+    env = dict(os.environ, PYTHONPATH=ROOT, **tune_env(tmp_path))
     r = subprocess.run(
         [sys.executable, "-m", "qcomm.tune", "--world", "2", *args],
         capture_output=True,
@@ -405,5 +393,5 @@ def _cuda_refused_worker(rank, world):
 
 
 def test_the_tuner_refuses_cuda_tensors(tmp_path):
-    for err in run_ranks(_cuda_refused_worker, 2, env=_env(tmp_path)):
+    for err in run_ranks(_cuda_refused_worker, 2, env=tune_env(tmp_path)):
         assert "host-memory allreduces only" in err and "two_step" in err
