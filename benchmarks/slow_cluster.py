@@ -7,7 +7,8 @@ limits the rank's upload and download to --rate (optional --delay adds netem lat
 (GLOO_SOCKET_IFNAME). Everything is removed at the end, also on failure or Ctrl-C.
 
 Each rank runs, for each --size: Gloo's exact allreduce in fp32 and in bf16, then the quantized
-allreduce for each --algorithms x --bits, every one --iters times (median, and min/max for spread).
+allreduce for each --algorithms x --bits, every one --iters times (median, and min/max for spread);
+with --interleave, Gloo's two and every configuration once per round, round after round.
 Rank 0 prints a table with ratios measured side by side in this one run, and writes --csv. With
 --isas generic,avx512 (say) every quantized configuration runs once with each instruction set of
 the CPU codec loops (qcomm._C._testing.set_cpu_isa on every rank), labelled "algorithm [isa]".
@@ -159,14 +160,18 @@ def worker(args) -> int:
         n = size // 4 // args.world * args.world  # whole shards
         x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
         base = {}
-        for name, dtype in (("gloo_fp32", torch.float32), ("gloo_bf16", torch.bfloat16)):
-            med, lo, hi = timed(
-                lambda t: collective(what_call, t, gloo), lambda x=x, dtype=dtype: x.to(dtype)
-            )
-            base[name] = med
-            rows.append([size, name, "-", med, lo, hi, "", "", ""])
-            if rank == 0:
-                print(f"[{size >> 20} MiB] {name}: {med:.3f} s", file=sys.stderr, flush=True)
+        baselines = (("gloo_fp32", torch.float32), ("gloo_bf16", torch.bfloat16))
+        base_samples = {name: [] for name, _ in baselines}
+        if not args.interleave:
+            for name, dtype in baselines:
+                med, lo, hi = timed(
+                    lambda t: collective(what_call, t, gloo), lambda x=x, dtype=dtype: x.to(dtype)
+                )
+                base_samples[name] = None
+                base[name] = med
+                rows.append([size, name, "-", med, lo, hi, "", "", ""])
+                if rank == 0:
+                    print(f"[{size >> 20} MiB] {name}: {med:.3f} s", file=sys.stderr, flush=True)
         isas = args.isas.split(",") if args.isas else [qcomm._C.cpu_isa()]
         rotations = {"off": [False], "on": [True], "both": [False, True]}[args.rotate]
         configs = []
@@ -197,6 +202,14 @@ def worker(args) -> int:
                 all_gather=True,
             )
             configs.append((what, bits, isa, cfg))
+        if args.off:
+            # qnccl with the collective's option unset: an exact pass-through to Gloo
+            off = (
+                qcomm.QuantConfig(algorithm="none")
+                if what_call == "all_reduce"
+                else qcomm.QuantConfig(min_bytes=0, tune=False)
+            )
+            configs.append(("qnccl off", "-", qcomm._C.cpu_isa(), off))
 
         def one_config(x, isa, cfg, rounds):
             qcomm._C._testing.set_cpu_isa(isa)
@@ -218,7 +231,17 @@ def worker(args) -> int:
         if args.interleave:
             # every config once per round, round after round: drifts of a shared machine's load
             # reach every config alike
+            # (Gloo's fp32 and bf16 baselines too, in the same rounds)
             for i in range(args.warmup + args.iters):
+                for name, dtype in baselines:
+                    t = x.to(dtype)
+                    dist.barrier(group=gloo)
+                    t0 = time.perf_counter()
+                    collective(what_call, t, gloo)
+                    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                    dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
+                    if i >= args.warmup:
+                        base_samples[name].append(float(dt))
                 for what, bits, isa, cfg in configs:
                     got, wires[what + bits] = one_config(x, isa, cfg, 1)
                     if i >= args.warmup:
@@ -227,6 +250,13 @@ def worker(args) -> int:
             for what, bits, isa, cfg in configs:
                 got, wires[what + bits] = one_config(x, isa, cfg, args.warmup + args.iters)
                 samples[what + bits] = got[args.warmup :]
+        for name, _ in baselines:
+            if base_samples[name]:
+                times = base_samples[name]
+                base[name] = statistics.median(times)
+                rows.append([size, name, "-", base[name], min(times), max(times), "", "", ""])
+                if rank == 0:
+                    print(f"[{size >> 20} MiB] {name}: {base[name]:.3f} s", file=sys.stderr)
         for what, bits, _isa, _cfg in configs:
             times = samples[what + bits]
             med, lo, hi = statistics.median(times), min(times), max(times)
@@ -427,6 +457,11 @@ def main() -> int:
         type=int,
         default=0,
         help="also time every config with QuantConfig(shadow=N), side by side (0: not)",
+    )
+    ap.add_argument(
+        "--off",
+        action="store_true",
+        help="add qnccl with the collective not quantized (the pass-through's own cost)",
     )
     ap.add_argument(
         "--interleave",
