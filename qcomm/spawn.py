@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import tempfile
 import time
 import traceback
@@ -18,7 +19,32 @@ import traceback
 import torch.multiprocessing as mp
 
 
-def _entry(fn, rank, world, init_file, backend, pg_options, threads, args, out):
+def caller_stdio(start_method: str):
+    """What a rank needs to write where the caller's stdout and stderr go now (a forkserver's child
+    starts with the server's, not with the caller's, which pytest's capture may have replaced):
+    None for "spawn", whose ranks inherit them."""
+    if start_method == "spawn":
+        return None
+    from multiprocessing import resource_sharer
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return resource_sharer.DupFd(1), resource_sharer.DupFd(2)
+
+
+def adopt_caller(environ, stdio) -> None:
+    """In a rank: the caller's environment at the call, and its stdout and stderr (caller_stdio)."""
+    if environ != os.environ:
+        os.environ.clear()
+        os.environ.update(environ)
+    for target, handle in zip((1, 2), stdio or ()):
+        fd = handle.detach()
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def _entry(fn, rank, world, init_file, backend, pg_options, threads, args, out, environ, stdio):
+    adopt_caller(environ, stdio)
     import torch
     import torch.distributed as dist
 
@@ -43,21 +69,44 @@ def _entry(fn, rank, world, init_file, backend, pg_options, threads, args, out):
         raise SystemExit(1) from None
 
 
-def run_ranks(fn, world, *args, backend="qnccl", pg_options=None, timeout=180, threads=1, env=None):
-    """Run fn(rank, world, *args) on `world` ranks; return the list of results by rank."""
-    ctx = mp.get_context("spawn")
+def run_ranks(
+    fn,
+    world,
+    *args,
+    backend="qnccl",
+    pg_options=None,
+    timeout=180,
+    threads=1,
+    env=None,
+    start_method="spawn",
+):
+    """Run fn(rank, world, *args) on `world` ranks; return the list of results by rank. Each rank
+    starts with this process's environment, `env` added. start_method: multiprocessing's
+    ("forkserver" with torch preloaded starts ranks in a fraction of spawn's time)."""
+    ctx = mp.get_context(start_method)
     out = ctx.Queue()
     tmp = tempfile.mkdtemp(prefix="qcomm-test-")
     init_file = os.path.join(tmp, "store")
-    saved = {}
-    for k, v in (env or {}).items():
-        saved[k] = os.environ.get(k)
-        os.environ[k] = v
+    environ = {**os.environ, **(env or {})}
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})  # a spawned rank's interpreter starts with it
     try:
         procs = [
             ctx.Process(
                 target=_entry,
-                args=(fn, r, world, init_file, backend, pg_options, threads, args, out),
+                args=(
+                    fn,
+                    r,
+                    world,
+                    init_file,
+                    backend,
+                    pg_options,
+                    threads,
+                    args,
+                    out,
+                    environ,
+                    caller_stdio(start_method),
+                ),  # fmt: skip
             )
             for r in range(world)
         ]

@@ -49,23 +49,41 @@ obj() {  # obj OUT SRC [flags...]: compile unless OUT is newer than every source
   local out="$1" src="$2"
   shift 2
   if [[ ! -f "$out" ]] || [[ -n "$(find csrc tests/native -newer "$out" -print -quit)" ]]; then
-    "$CXX" "${FLAGS[@]}" "$@" -c "$src" -o "$out"
+    "$CXX" "${FLAGS[@]}" "$@" -c "$src" -o "$out.tmp.$$" && mv "$out.tmp.$$" "$out"
   fi
 }
+# objects compile in the background, SIMT_JOBS (default: the cores) at once; joined before a link
+JOBS="${SIMT_JOBS:-$(nproc)}"
+PIDS=()
+bg_obj() {
+  obj "$@" &
+  PIDS+=("$!")
+  if ((${#PIDS[@]} >= JOBS)); then
+    wait "${PIDS[0]}"
+    PIDS=("${PIDS[@]:1}")
+  fi
+}
+joined() {  # waits for every background compile; a failed one fails the script
+  local p
+  for p in "${PIDS[@]}"; do wait "$p"; done
+  PIDS=()
+}
 
-obj "$OUTDIR/simt.o" tests/native/simt/simt.cpp "${EMU[@]}"
-obj "$OUTDIR/codec_cpu.o" csrc/codec/codec_cpu.cpp
-obj "$OUTDIR/settings.o" csrc/common/settings.cpp
+bg_obj "$OUTDIR/simt.o" tests/native/simt/simt.cpp "${EMU[@]}"
+bg_obj "$OUTDIR/codec_cpu.o" csrc/codec/codec_cpu.cpp
+bg_obj "$OUTDIR/settings.o" csrc/common/settings.cpp
 
 # the emulator's own test: scripts/simt_check.sh self [ok|divergent|...]
 if [[ "$WHAT" == self ]]; then
-  obj "$OUTDIR/selftest.o" tests/native/simt/selftest.cu "${KERNEL[@]}"
+  bg_obj "$OUTDIR/selftest.o" tests/native/simt/selftest.cu "${KERNEL[@]}"
+  joined
   "$CXX" "$OUTDIR/selftest.o" "$OUTDIR/simt.o" "${LIBS[@]}" -o "$OUTDIR/simt_selftest"
   exec "$OUTDIR/simt_selftest" "$@"
 fi
 if [[ "$WHAT" == codec || "$WHAT" == all ]]; then
-  obj "$OUTDIR/codec_kernels.o" csrc/cuda/codec_kernels.cu "${KERNEL[@]}"
-  obj "$OUTDIR/codec_main.o" tests/native/simt/codec_main.cpp
+  bg_obj "$OUTDIR/codec_kernels.o" csrc/cuda/codec_kernels.cu "${KERNEL[@]}"
+  bg_obj "$OUTDIR/codec_main.o" tests/native/simt/codec_main.cpp
+  joined
   "$CXX" "$OUTDIR/codec_main.o" "$OUTDIR/codec_kernels.o" "$OUTDIR/codec_cpu.o" \
     "$OUTDIR/settings.o" "$OUTDIR/simt.o" "${LIBS[@]}" -o "$OUTDIR/simt_codec"
   "$OUTDIR/simt_codec" "$@"
@@ -75,24 +93,26 @@ fi
 # (DIR/cases.txt and its inputs: tests/native/simt/schedule_main.cpp; run by
 # tests/cuda/test_simt_schedules.py)
 if [[ "$WHAT" == schedules ]]; then
-  obj "$OUTDIR/codec_kernels.o" csrc/cuda/codec_kernels.cu "${KERNEL[@]}"
-  obj "$OUTDIR/cuda_codec_ops.o" csrc/cuda/cuda_codec_ops.cpp -DQCOMM_WITH_CUDA=1
+  bg_obj "$OUTDIR/codec_kernels.o" csrc/cuda/codec_kernels.cu "${KERNEL[@]}"
+  bg_obj "$OUTDIR/cuda_codec_ops.o" csrc/cuda/cuda_codec_ops.cpp -DQCOMM_WITH_CUDA=1
   objs=()
   for f in algo/gather algo/ring algo/run algo/scratch algo/semi_ring algo/two_step plan/plan \
     plan/config plan/tuning codec/codec_ops python/ipc_emulation cuda/ipc_layout; do
-    obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"
+    bg_obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"
     objs+=("$OUTDIR/${f#*/}.o")
   done
-  obj "$OUTDIR/schedule_main.o" tests/native/simt/schedule_main.cpp
+  bg_obj "$OUTDIR/schedule_main.o" tests/native/simt/schedule_main.cpp
+  joined
   "$CXX" "$OUTDIR/schedule_main.o" "${objs[@]}" "$OUTDIR/cuda_codec_ops.o" \
     "$OUTDIR/codec_kernels.o" "$OUTDIR/codec_cpu.o" "$OUTDIR/settings.o" "$OUTDIR/simt.o" \
     "${LIBS[@]}" -o "$OUTDIR/simt_schedules"
   exec "$OUTDIR/simt_schedules" "$@"
 fi
 if [[ "$WHAT" == exchange || "$WHAT" == all ]]; then
-  obj "$OUTDIR/ipc_kernels.o" csrc/cuda/ipc_kernels.cu "${KERNEL[@]}"
-  for f in python/ipc_emulation cuda/ipc_layout; do obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"; done
-  obj "$OUTDIR/exchange_main.o" tests/native/simt/exchange_main.cpp
+  bg_obj "$OUTDIR/ipc_kernels.o" csrc/cuda/ipc_kernels.cu "${KERNEL[@]}"
+  for f in python/ipc_emulation cuda/ipc_layout; do bg_obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"; done
+  bg_obj "$OUTDIR/exchange_main.o" tests/native/simt/exchange_main.cpp
+  joined
   "$CXX" "$OUTDIR/exchange_main.o" "$OUTDIR/ipc_kernels.o" "$OUTDIR/ipc_emulation.o" \
     "$OUTDIR/ipc_layout.o" "$OUTDIR/simt.o" "${LIBS[@]}" -o "$OUTDIR/simt_exchange"
   "$OUTDIR/simt_exchange" "$@"

@@ -92,8 +92,11 @@ def test_exchange_kernels_deliver_every_byte_under_emulation(build_dir):
 
 
 # ---- ThreadSanitizer: every CUDA thread a TSan fiber, ordered only by barriers and atomics ----
+# (a second build of the emulator and the kernels, 1.5 minutes of the suite's 2 cores: behind the
+# `sanitizer` marker; run `-m sanitizer` after a change to csrc/cuda/ipc_kernels.cu or the emulator)
 
 
+@pytest.mark.sanitizer
 def test_emulator_under_tsan_reports_a_missing_barrier(build_dir):
     rc, out = _run("self", build_dir, "ok", tsan=True)
     assert rc == 0 and "selftest ok" in out and "ThreadSanitizer" not in out, out[-4000:]
@@ -101,6 +104,7 @@ def test_emulator_under_tsan_reports_a_missing_barrier(build_dir):
     assert rc != 0 and "ThreadSanitizer: data race" in out, out[-4000:]
 
 
+@pytest.mark.sanitizer
 def test_exchange_kernels_have_no_data_race(build_dir):
     # the copy and barrier kernels, every CUDA thread a TSan fiber: their ranks ordered only by
     # the barrier flags
