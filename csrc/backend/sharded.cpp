@@ -34,6 +34,12 @@ std::chrono::milliseconds timeoutOf(std::chrono::milliseconds opt,
   return opt == c10d::kUnsetTimeout ? group : opt;
 }
 
+// The storage of a rotated plan's padded message (plan.numel elements of t's dtype), from the
+// group's scratch.
+at::Tensor scratchMessage(Scratch& scratch, const Plan& plan, const at::Tensor& t) {
+  return scratch.take(plan.numel * t.element_size(), t.options()).view(t.scalar_type());
+}
+
 }  // namespace
 
 Plan QncclBackend::planForSharded(int32_t collective, const at::Tensor& message,
@@ -149,7 +155,7 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
   const double shadowSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - shadowStart).count();
   scratch_.begin();
-  const int64_t n = plan.chunkElems;
+  const int64_t n = plan.userRowElems();  // the shard (a rotated plan pads it: paddedCopy)
   const int64_t own = int64_t(getRank()) * n;
   if (plan.collective == kReduceScatter) {
     at::Tensor in = call.message.is_contiguous() ? call.message : call.message.contiguous();
@@ -162,6 +168,8 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
     }
     at::Tensor flatIn = in.reshape({-1});
     at::Tensor flatOut = out.reshape({-1});
+    if (needsPadding(plan))
+      flatIn = paddedCopy(plan, flatIn, scratchMessage(scratch_, plan, flatIn));
     runReduceScatter(plan, transport, ops, flatIn, flatOut, &scratch_);
     if (!out.is_same(call.shard)) call.shard.copy_(out);
   } else {
@@ -174,7 +182,13 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
       if (at::get_overlap_status(src, flat) != at::MemOverlapStatus::No) src = src.clone();
       slot.copy_(src);
     }
-    runAllGather(plan, transport, ops, flat, &scratch_);
+    if (needsPadding(plan)) {
+      at::Tensor padded = paddedCopy(plan, flat, scratchMessage(scratch_, plan, flat));
+      runAllGather(plan, transport, ops, padded, &scratch_);
+      copyUnpadded(plan, padded, flat);
+    } else {
+      runAllGather(plan, transport, ops, flat, &scratch_);
+    }
     if (!msg.is_same(call.message)) call.message.copy_(msg);
   }
   if (call.unpack) call.unpack(call);
