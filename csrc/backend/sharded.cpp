@@ -43,7 +43,8 @@ at::Tensor scratchMessage(Scratch& scratch, const Plan& plan, const at::Tensor& 
 }  // namespace
 
 Plan QncclBackend::planForSharded(int32_t collective, const at::Tensor& message,
-                                  const at::Tensor& shard, c10d::ReduceOp op, bool shapeOk) const {
+                                  const at::Tensor& shard, c10d::ReduceOp op, bool shapeOk,
+                                  bool useTable) const {
   CallFacts f;
   f.collective = collective;
   f.world = getSize();
@@ -64,7 +65,13 @@ Plan QncclBackend::planForSharded(int32_t collective, const at::Tensor& message,
       if (s != nullptr) f.premulFactor = s->double_factor;
     }
   }
-  Plan p = makePlan(f, getConfig(), nullptr);
+  Plan p;
+  if (useTable && !message.is_cuda()) {
+    std::lock_guard<std::mutex> lock(tuningMutex_);
+    p = makePlan(f, getConfig(), &tuning_);
+  } else {
+    p = makePlan(f, getConfig(), nullptr);
+  }
   if (disabled_) {
     p.quantize = false;
     p.reason = "QCOMM_DISABLE=1: every collective passes through";
@@ -109,8 +116,13 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::passThroughSharded(ShardedCall& cal
 c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
   TORCH_CHECK(!shutDown_, prefix(), call.name, ": the process group has been shut down");
   const at::NoGradGuard noGrad;  // results are written as Gloo writes them, outside autograd
-  Plan plan = planForSharded(call.collective, call.message, call.shard, call.op, call.shapeOk);
-  logSharded(plan, call);
+  Plan plan =
+      planForSharded(call.collective, call.message, call.shard, call.op, call.shapeOk, false);
+  // auto with tune: the table's choice is read on the progress thread, where every rank reaches
+  // the call at the same point (runTunedSharded, tuner.cpp), as the allreduce's
+  const QuantConfig cfg = getConfig();
+  plan.tuneNeeded = plan.quantize && cfg.algorithm == kAuto && cfg.tune;
+  if (!plan.tuneNeeded) logSharded(plan, call);
   if (!plan.quantize) return passThroughSharded(call);
   checkUsable(call.name);
   refuseOverlap({call.message, call.shard}, call.name);
@@ -130,7 +142,11 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
     self->checkUsable(call.name);
     self->useCodecThreads();
     std::string mismatch;
-    self->guardTransport([&] { mismatch = self->runShardedCpu(plan, call); });
+    if (plan.tuneNeeded) {
+      mismatch = self->runTunedSharded(plan, call);
+    } else {
+      self->guardTransport([&] { mismatch = self->runShardedCpu(plan, call); });
+    }
     TORCH_CHECK(mismatch.empty(), self->prefix(), call.name,
                 ": the ranks disagree on this call: ", mismatch,
                 ". Every rank must pass the same shapes, dtype and op, and hold the same "
@@ -140,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
   return queueCall(std::move(run), work, asyncOp);
 }
 
-std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
+std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call, bool count) {
   C10dTransport transport(gloo_.get(), getRank(), getSize(), call.timeout,
                           C10dTransport::kPointToPoint);
   const std::string mismatch = agreeOnPlan(plan, transport);
@@ -148,7 +164,7 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
   CpuCodecOps ops;
   std::lock_guard<std::mutex> lock(scratchMutex_);
   // shadow mode: the exact collective of copies first (an in-place call overwrites its input)
-  const bool shadowed = plan.shadowed();
+  const bool shadowed = count && plan.shadowed();
   const auto shadowStart = std::chrono::steady_clock::now();
   at::Tensor exact;
   if (shadowed) exact = exactOf(call);
@@ -192,6 +208,7 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
     if (!msg.is_same(call.message)) call.message.copy_(msg);
   }
   if (call.unpack) call.unpack(call);
+  if (!count) return "";
   if (shadowed) {
     recordShadow(plan, plan.collective == kReduceScatter ? call.shard : call.message, exact,
                  shadowSeconds, collectiveName(plan.collective));

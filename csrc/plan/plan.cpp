@@ -86,15 +86,18 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* tab
   if (ag && !f.shapeOk) return passThrough("output is not W times the input");
   const int64_t bytes = f.numel * dtypeBytes(f.dtype);
   if (bytes < cfg.minBytes) return passThrough("message below min_bytes");
-  // sharded calls are not tuned (v1): auto is two_step
-  if (cfg.algorithm != kAuto || table == nullptr || rs || ag) return quantizedPlan(f, cfg);
-  const TuneEntry* e = table->find(f.dtype, sizeClassOf(bytes));
+  if (cfg.algorithm != kAuto || table == nullptr) return quantizedPlan(f, cfg);
+  const TuneEntry* e = table->find(f.dtype, sizeClassOf(bytes), f.collective);
   if (e == nullptr) {
     Plan q = quantizedPlan(f, cfg);
     q.tuneNeeded = cfg.tune;
     return q;
   }
-  if (e->choice.exact()) return passThrough("tuned: the exact allreduce measured faster here");
+  if (e->choice.exact()) {
+    return passThrough(rs   ? "tuned: the exact reduce_scatter measured faster here"
+                       : ag ? "tuned: the exact all_gather measured faster here"
+                            : "tuned: the exact allreduce measured faster here");
+  }
   QuantConfig chosen = cfg;
   chosen.algorithm = e->choice.algorithm;
   chosen.microshards = e->choice.microshards;

@@ -68,9 +68,9 @@ struct Plan {
   uint32_t callSeq = 0;
   int64_t userNumel = 0;
   int32_t userDtype = kFloat32;
-  // auto with a tuning table: `tuned` when this plan is the table's choice; `tuneNeeded` when
-  // config.tune asks for a measurement of this dtype and size class first (the plan is then
-  // two_step's until the measurement has decided).
+  // auto with a tuning table: `tuned` when this plan is the table's choice (for its collective,
+  // dtype and size class); `tuneNeeded` when config.tune asks for a measurement of the class
+  // first (the plan is then two_step's until the measurement has decided).
   bool tuned = false;
   bool tuneNeeded = false;
   // Shadow mode (config.shadow): every shadow-th call by callSeq also runs the exact allreduce of
