@@ -29,15 +29,17 @@ def _worker(rank: int, world: int, args) -> None:
     from qcomm import _tuning
 
     if not dist.is_initialized():
-        # the tuner's cache and key exist only where the config tunes; the sharded collectives
-        # named are quantized (they are not part of the cache's key)
-        cfg = qcomm.from_env()
-        cfg = cfg.replace(
-            tune=True,
-            reduce_scatter=cfg.reduce_scatter or "reduce_scatter" in args.collective,
-            all_gather=cfg.all_gather or "all_gather" in args.collective,
+        # the tuner's cache and key exist only where the config tunes
+        dist.init_process_group(
+            "qnccl", rank=rank, world_size=world, pg_options=qcomm.from_env().replace(tune=True)
         )
-        dist.init_process_group("qnccl", rank=rank, world_size=world, pg_options=cfg)
+    # the sharded collectives named are quantized (not part of the cache's key: the table and its
+    # file stay the group's)
+    cfg = qcomm.get_config()
+    rs = cfg.reduce_scatter or "reduce_scatter" in args.collective
+    ag = cfg.all_gather or "all_gather" in args.collective
+    if (rs, ag) != (cfg.reduce_scatter, cfg.all_gather):
+        qcomm.set_config(cfg.replace(reduce_scatter=rs, all_gather=ag))
     path, key = _tuning.KEYS.get(dist.group.WORLD.group_name, ("", None))
     if args.show or args.drop:
         if rank == 0:

@@ -6,6 +6,9 @@ names each entry's collective (format 2) and a format-1 file still holds allredu
 timings are skewed on purpose (_testing.set_tune_timing_factors): this machine's decide nothing."""
 
 import json
+import os
+import subprocess
+import sys
 
 import torch
 import torch.distributed as dist
@@ -151,3 +154,17 @@ def test_qcomm_tune_names_the_collectives():
     rs = _C._testing.tune_candidates(2, False, RS)
     assert all(set(e["seconds"]) == set(rs) for e in t0 if e["collective"] == "reduce_scatter")
     assert "collectives are all_reduce, reduce_scatter, all_gather" in refused
+
+
+def test_the_command_line_names_the_collectives(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env.update(PYTHONPATH=root, **tune_env(tmp_path))
+    cmd = [sys.executable, "-m", "qcomm.tune", "--world", "2", "--min-size", "1M"]
+    cmd += ["--max-size", "1M", "--collective", "reduce_scatter"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "reduce_scatter" in r.stdout and "two_step/16" in r.stdout, r.stdout
+    doc = json.load(open(tmp_path / "tune.json"))
+    # the group's config did not quantize reduce-scatters: the command line turned them on
+    assert [(e["collective"], e["size_class"]) for e in doc["entries"]] == [("reduce_scatter", 20)]
