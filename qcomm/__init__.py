@@ -363,22 +363,34 @@ def plan(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, collective="all
     return dict(be.plan_sharded(COLLECTIVES[collective], message, shard, op))
 
 
-def tune(group=None, sizes=None, dtypes=(torch.float32,), device="cpu") -> list:
+def tune(
+    group=None, sizes=None, dtypes=(torch.float32,), device="cpu", collectives=("all_reduce",)
+) -> list:
     """Measures now, on every rank of `group` (call it on all of them, with the same arguments),
-    which of the exact allreduce and the quantized candidates is fastest for each size (bytes; by
-    default the powers of two from the group's min_bytes to 64 MiB) and dtype of host-memory
-    allreduces, and enters each choice in the group's tuning table, replacing an earlier one;
-    allreduces of that dtype and size class then follow it. With the config's ``tune``, rank 0
-    also writes the table to the cache. Sizes below min_bytes pass through exactly and are not
-    measured. The group's algorithm must be ``auto``. The tuner is for host memory only (`device`
-    "cpu"): a CUDA allreduce with ``auto`` runs two_step. Returns :func:`tuning`."""
+    which of the exact collective and the quantized candidates is fastest for each size (bytes of
+    the message: an allreduce's tensor, a reduce-scatter's input, an all-gather's output; by
+    default the powers of two from the group's min_bytes to 64 MiB), dtype and collective
+    ("all_reduce", "reduce_scatter", "all_gather") of host-memory calls, and enters each choice in
+    the group's tuning table, replacing an earlier one; calls of that collective, dtype and size
+    class then follow it. With the config's ``tune``, rank 0 also writes the table to the cache.
+    Sizes below min_bytes pass through exactly and are not measured, and so do the sharded
+    collectives the config does not quantize (``reduce_scatter``, ``all_gather``). The group's
+    algorithm must be ``auto``. The tuner is for host memory only (`device` "cpu"): a CUDA
+    allreduce with ``auto`` runs two_step. Returns :func:`tuning`."""
     if torch.device(device).type != "cpu":
         raise ValueError(
             f"qcomm.tune: the tuner measures host-memory allreduces only (device 'cpu', got "
             f"{device!r}); a CUDA allreduce with algorithm='auto' runs two_step"
         )
+    if isinstance(collectives, str):
+        collectives = (collectives,)
+    for c in collectives:
+        if c not in COLLECTIVES:
+            raise ValueError(f"qcomm.tune: collectives are {', '.join(COLLECTIVES)}, got {c!r}")
     be = backend_of(group)
     cfg = get_config(group)
+    world = dist.get_world_size(group)
+    on = {"all_reduce": True, "reduce_scatter": cfg.reduce_scatter, "all_gather": cfg.all_gather}
     if sizes is None:
         sizes, n = [], max(cfg.min_bytes, 1 << 10)
         n = 1 << (n - 1).bit_length()
@@ -395,10 +407,16 @@ def tune(group=None, sizes=None, dtypes=(torch.float32,), device="cpu") -> list:
         for size in sizes:
             if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
                 raise ValueError(f"qcomm.tune: sizes are byte counts > 0, got {size!r}")
-            numel = max(1, size // width)
-            if numel * width < cfg.min_bytes:
-                continue
-            be.tune(torch.randn(numel, generator=gen).to(dtype=dtype))
+            for c in collectives:
+                # a sharded call's message is W shards alike
+                numel = (
+                    max(1, size // width)
+                    if c == "all_reduce"
+                    else max(1, size // width // world) * world
+                )
+                if numel * width < cfg.min_bytes or not on[c]:
+                    continue
+                be.tune(torch.randn(numel, generator=gen).to(dtype=dtype), COLLECTIVES[c])
     return tuning(group)
 
 
@@ -406,8 +424,9 @@ _tune = tune  # what qcomm.tune still calls once ``import qcomm.tune`` (the CLI)
 
 
 def tuning(group=None, device="cpu") -> list:
-    """The group's tuning table of host-memory allreduces, the same on every rank: one dict per
-    dtype and size class with dtype, size_class (k: messages of [2^k, 2^(k+1)) bytes), bytes (the
+    """The group's tuning table of host-memory calls, the same on every rank: one dict per
+    collective ("all_reduce", "reduce_scatter", "all_gather"), dtype and size class with
+    collective, dtype, size_class (k: messages of [2^k, 2^(k+1)) bytes), bytes (the
     size measured), choice ("exact" or "<algorithm>/<microshards>"), seconds (each candidate's
     time: the maximum over ranks of each rank's median) and verified (false for an entry loaded
     from the cache that the first call of its class has not checked yet). Device "cuda": an empty

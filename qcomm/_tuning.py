@@ -31,7 +31,12 @@ from . import _C
 DTYPES = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}
 CODES = {v: k for k, v in DTYPES.items()}
 DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
-FORMAT = 1
+#: collective code (csrc/plan/plan.h Collective) -> its name (stats()["by_collective"]'s keys)
+COLLECTIVE_NAMES = {0: "all_reduce", 1: "reduce_scatter", 2: "all_gather"}
+#: the format written. Format 2 entries name their collective; a format-1 file (written before
+#: reduce-scatters and all-gathers were tuned) holds allreduce entries only and is read as such.
+FORMAT = 2
+READ_FORMATS = (1, 2)
 #: the largest cache file read (a table of every class of three dtypes is a few KiB)
 MAX_BYTES = 1 << 20
 ALGOS = ("two_step", "ring", "semi_ring")
@@ -214,7 +219,8 @@ def _choice_code(name: str, i: int):
 
 def _entry_tuple(e, i: int = 0) -> list:
     """An entry of the file as load_tuning takes it: [dtype, size class, bytes, algorithm,
-    microshards, [[algorithm, microshards, seconds], ...]]; raises _Bad naming the field."""
+    microshards, [[algorithm, microshards, seconds], ...], collective]; raises _Bad naming the
+    field. An entry without "collective" (format 1) is an allreduce's."""
     from .config import ALGORITHMS
 
     if not isinstance(e, dict):
@@ -244,6 +250,11 @@ def _entry_tuple(e, i: int = 0) -> list:
             raise _Bad(f"entry {i}, field 'seconds', {name!r}: {sec!r:.40} is out of range")
         times.append([code, shards, float(sec)])
     values.append(times)
+    coll = e.get("collective", "all_reduce")
+    codes = {n: c for c, n in COLLECTIVE_NAMES.items()}
+    if not isinstance(coll, str) or coll not in codes:
+        raise _Bad(f"entry {i}, field 'collective': {coll!r:.40} is not a collective")
+    values.append(codes[coll])
     return values
 
 
@@ -272,8 +283,9 @@ def read_cache(path: str, key: dict):
         if len(data) > MAX_BYTES:
             return [], f"it is larger than {MAX_BYTES} bytes"
         doc = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            return [], f"it is not a qcomm tuning table of format {FORMAT}"
+        if not isinstance(doc, dict) or doc.get("format") not in READ_FORMATS:
+            formats = " or ".join(str(f) for f in READ_FORMATS)
+            return [], f"it is not a qcomm tuning table of format {formats}"
         if doc.get("key") != key:
             theirs = doc.get("key") if isinstance(doc.get("key"), dict) else {}
             differ = sorted(k for k in set(key) | set(theirs) if key.get(k) != theirs.get(k))
@@ -353,6 +365,7 @@ def table(backend) -> list:
     for e in backend.tuning():
         out.append(
             {
+                "collective": COLLECTIVE_NAMES[e.get("collective", 0)],
                 "dtype": DTYPE_NAMES[e["dtype"]],
                 "size_class": e["size_class"],
                 "bytes": e["bytes"],
@@ -383,11 +396,12 @@ def format_table(entries: list, out: Optional[list] = None) -> str:
         for n in e.get("seconds", {}):
             if n not in names:
                 names.append(n)
-    head = f"{'size':>10} {'dtype':>9} " + " ".join(f"{n:>12}" for n in names)
+    head = f"{'collective':>14} {'size':>10} {'dtype':>9} " + " ".join(f"{n:>12}" for n in names)
     lines = [head + f" {'choice':>13} {'speed-up':>8}", "-" * (len(head) + 23)]
     for e in entries:
         sec = e.get("seconds", {})
-        row = f"{human(e['bytes']):>10} {e['dtype']:>9} "
+        coll = e.get("collective", "all_reduce")
+        row = f"{coll:>14} {human(e['bytes']):>10} {e['dtype']:>9} "
         row += " ".join(f"{sec[n] * 1e3:>12.3f}" if n in sec else f"{'-':>12}" for n in names)
         if sec.get("exact") and sec.get(e["choice"]):
             gain = f"{sec['exact'] / sec[e['choice']]:>7.2f}x"

@@ -59,12 +59,13 @@ class QuantConfig:
         shadowed call.
     reduce_scatter: quantize ``reduce_scatter_tensor`` (and the list form ``reduce_scatter``)
         with the reduce phase's codec (``rs_bits``): SUM, AVG and PREMUL_SUM with a scalar factor
-        (applied to the fp32 sum). Off by default. Not rotated in this version: with rotation on
-        (``rotate``, or 4-bit phases and ``rotate=None``) such calls pass through.
+        (applied to the fp32 sum). Off by default. Rotated where ``rotate`` is True, or where
+        it is None and ``rs_bits`` is 4 (each shard padded to whole groups on the way).
     all_gather: quantize ``all_gather_into_tensor`` (and the list form ``all_gather``) with the
         gather phase's codec (``ag_bits``), always rounding to nearest; every rank, the owner of
         each shard included, holds the decoded bytes. Off by default: it changes the values every
-        rank computes with (weights in FSDP2, activations in Megatron's forward).
+        rank computes with (weights in FSDP2, activations in Megatron's forward). Rotated where
+        ``rotate`` is True, or where it is None and ``ag_bits`` is 4.
     """
 
     algorithm: str = "auto"

@@ -424,13 +424,21 @@ def reduce_scatter(
     op: str = "sum",
     factor: Optional[float] = None,
     stochastic_seq: Optional[int] = None,
+    rotate: Optional[bool] = None,
 ) -> List[Result]:
     """The quantized reduce-scatter of the per-rank 1-D inputs `xs` (numel a multiple of W): one
     Result per rank, its shard. op: "sum", "avg" (the fp32 sum divided by W) or "premul" (the
-    fp32 sum times float32(factor), never the tensor's dtype). Not rotated (v1).
+    fp32 sum times float32(factor), never the tensor's dtype). rotate: as QuantConfig.rotate
+    (None: on when rs_bits is 4; _reduce_scatter_rotated).
 
     Bound: the reduce half's (as the allreduce's: one quantization per value for two_step, the
     chain's hops for the rings), the scaling's fp32 rounding and the final cast; no gather term."""
+    if rotate is None:
+        rotate = rs_bits == 4
+    if rotate:
+        return _reduce_scatter_rotated(
+            xs, algorithm, rs_bits, group_size, symmetric, op, factor, stochastic_seq
+        )
     world = len(xs)
     flat = [x.flatten() for x in xs]
     dtype = flat[0].dtype
@@ -465,11 +473,21 @@ def reduce_scatter(
 
 
 def all_gather(
-    xs: Sequence[torch.Tensor], ag_bits: int = 8, group_size: int = 128, symmetric: bool = False
+    xs: Sequence[torch.Tensor],
+    ag_bits: int = 8,
+    group_size: int = 128,
+    symmetric: bool = False,
+    rotate: Optional[bool] = None,
 ) -> Result:
     """The quantized all-gather of the per-rank 1-D shards `xs` (equal numel): what every rank
     holds, rank r's shard at [r*n, (r+1)*n) decoded from the bytes rank r sent (its own rank too);
-    rounding to nearest always. Bound: one quantization and the cast, against the inputs."""
+    rounding to nearest always. Bound: one quantization and the cast, against the inputs. rotate:
+    as QuantConfig.rotate (None: on when ag_bits is 4): each shard is padded with zeros to whole
+    groups, rotated, quantized, decoded and rotated back (_unrotated_bound for the bound)."""
+    if rotate is None:
+        rotate = ag_bits == 4
+    if rotate:
+        return _all_gather_rotated(xs, ag_bits, group_size, symmetric)
     flat = [x.flatten() for x in xs]
     dtype = flat[0].dtype
     ag = Codec(ag_bits or 0, group_size, symmetric, dtype)
@@ -484,33 +502,88 @@ def all_gather(
 
 def _allreduce_rotated(xs, algorithm, rs_bits, ag_bits, g, symmetric, average, seq) -> Result:
     """rotate=True: each rank rotates its input (fp32, padded to whole groups), the allreduce runs
-    on the rotated fp32 messages, and every rank rotates the result back.
-
-    Bound, per element i of group G(i): the rotated-domain bound, plus the fp32 error of each
-    rank's forward transform (at most g * 2^-24 * sum_G |x_r|: a butterfly stage doubles the
-    error it receives and adds a rounding of at most 2^-24 of a value bounded by sum_G |x_r|, over
-    log2 g stages), mapped back by H/g (|H e| / g <= sum_G |e| / g); plus the inverse transform's
-    own rounding (2^-24 * sum_G |y|) and the final cast."""
+    on the rotated fp32 messages, and every rank rotates the result back (bound:
+    _unrotated_bound)."""
     flat = [x.flatten() for x in xs]
     dtype, n, world = flat[0].dtype, flat[0].numel(), len(flat)
     rot = [rotate_forward(x, g) for x in flat]
     r = allreduce(rot, algorithm, rs_bits, ag_bits, g, symmetric, average, False, seq)
     back = rotate_inverse(r.out, g)
-    out = back[:n].to(dtype)
     exact = torch.stack([x.to(F64) for x in flat]).sum(0)
     if average:
         exact = exact / world
-    npad = r.out.numel()
-    fwd_err = torch.zeros(npad, dtype=F64)
+    bound = _unrotated_bound(
+        r.bound, r.out, [_padded(x, g) for x in flat], 1 / world if average else 1, g
+    )
+    return Result(back[:n].to(dtype), bound[:n] + cast_bound(back[:n].to(F64), dtype), exact)
+
+
+def _padded(x: torch.Tensor, g: int) -> torch.Tensor:
+    """x (1-D) followed by zeros up to whole groups of g."""
+    return torch.cat([x, torch.zeros((-x.numel()) % g, dtype=x.dtype)])
+
+
+def _unrotated_bound(rot_bound, y, xs, scale: float, g: int) -> torch.Tensor:
+    """The bound of a result rotated back (rotate_inverse(y)), per element i of group G(i), for
+    the rotated-domain value y (fp32) with its bound rot_bound, of the inputs xs (each padded to
+    whole groups like y) times `scale` (1, 1/W for AVG, |factor| for PREMUL_SUM): the
+    rotated-domain bound, plus the fp32 error of each input's forward transform (at most
+    g * 2^-24 * sum_G |x_r|: a butterfly stage doubles the error it receives and adds a rounding
+    of at most 2^-24 of a value bounded by sum_G |x_r|, over log2 g stages) times `scale`, mapped
+    back by H/g (|H e| / g <= sum_G |e| / g); plus the inverse transform's own rounding
+    (2^-24 * sum_G |y|). The final cast is the caller's."""
+    fwd_err = torch.zeros(y.numel(), dtype=F64)
+    for x in xs:
+        fwd_err = fwd_err + g * 2.0**-24 * _group_sum(x.to(F64).abs(), g)
+    rot = rot_bound + fwd_err * abs(scale)
+    return _group_sum(rot, g) / g + 2.0**-24 * _group_sum(y.to(F64).abs(), g)
+
+
+def _rows_padded(x: torch.Tensor, rows: int, g: int) -> torch.Tensor:
+    """The message x (1-D, `rows` equal rows) with each row padded with zeros to whole groups of
+    g: the sharded calls' rotated layout (csrc/algo/run.cpp paddedCopy)."""
+    return torch.cat([_padded(r, g) for r in x.flatten().reshape(rows, -1)])
+
+
+def _reduce_scatter_rotated(xs, algorithm, rs_bits, g, symmetric, op, factor, seq) -> List[Result]:
+    """rotate=True: each rank's shard rows are padded to whole groups and rotated (fp32), the
+    reduce-scatter runs on those messages (noise indexed in the padded message), and the owner
+    scales its fp32 sum, rotates it back and drops the padding before the cast."""
+    world = len(xs)
+    flat = [x.flatten() for x in xs]
+    dtype, n = flat[0].dtype, flat[0].numel() // world
+    padded = [_rows_padded(x, world, g) for x in flat]
+    rot = [hadamard(x.to(F32), g) for x in padded]
+    inner = reduce_scatter(rot, algorithm, rs_bits, g, symmetric, op, factor, seq, rotate=False)
+    exact_all = torch.stack([x.to(F64) for x in flat]).sum(0)
+    scale = {"avg": 1 / world, "premul": float(torch.tensor(factor or 1.0, dtype=F32))}.get(op, 1)
+    out = []
+    for c, r in enumerate(inner):
+        npad = r.out.numel()
+        back = rotate_inverse(r.out, g)[:n]
+        ins = [x[c * npad : (c + 1) * npad] for x in padded]
+        bound = _unrotated_bound(r.bound, r.out, ins, scale, g)[:n]
+        exact = exact_all[c * n : (c + 1) * n] * scale
+        out.append(Result(back.to(dtype), bound + cast_bound(back.to(F64), dtype), exact))
+    return out
+
+
+def _all_gather_rotated(xs, ag_bits, g, symmetric) -> Result:
+    """rotate=True: each shard padded to whole groups, rotated, quantized once (rounding to
+    nearest), decoded and rotated back; the padding dropped."""
+    flat = [x.flatten() for x in xs]
+    dtype = flat[0].dtype
+    ag = Codec(ag_bits, g, symmetric, F32)
+    outs, bounds = [], []
     for x in flat:
-        x64 = torch.cat([x.to(F64).abs(), torch.zeros(npad - n, dtype=F64)])
-        fwd_err = fwd_err + g * 2.0**-24 * _group_sum(x64, g)
-    if average:
-        fwd_err = fwd_err / world
-    rot_bound = r.bound + fwd_err
-    bound = _group_sum(rot_bound, g) / g + 2.0**-24 * _group_sum(r.out.to(F64).abs(), g)
-    bound = bound[:n] + cast_bound(back[:n].to(F64), dtype)
-    return Result(out, bound, exact)
+        p = _padded(x, g)
+        y, b = roundtrip(hadamard(p.to(F32), g), ag)
+        back = rotate_inverse(y, g)[: x.numel()]
+        outs.append(back.to(dtype))
+        bound = _unrotated_bound(b, y, [p], 1, g)[: x.numel()]
+        bounds.append(bound + cast_bound(back.to(F64), dtype))
+    exact = torch.cat([x.to(F64) for x in flat])
+    return Result(torch.cat(outs), torch.cat(bounds), exact)
 
 
 def _chain(parts, ranks, rs: Codec, nz) -> _Tracked:

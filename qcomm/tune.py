@@ -1,6 +1,7 @@
 """``python -m qcomm.tune``: measure, on this machine's link, what qnccl's ``auto`` should do at
-each message size of host-memory allreduces, print the table and write the cache that later groups
-of the same set-up (network path included) load.
+each message size of host-memory allreduces (``--collective``: also or instead reduce-scatters and
+all-gathers), print the table and write the cache that later groups of the same set-up (network
+path included) load.
 
 Under torchrun (RANK and WORLD_SIZE set) it tunes the job's ranks; otherwise it spawns ``--world``
 ranks on this host. The quantization settings come from the QCOMM_* environment as for any group.
@@ -32,6 +33,13 @@ def _worker(rank: int, world: int, args) -> None:
         dist.init_process_group(
             "qnccl", rank=rank, world_size=world, pg_options=qcomm.from_env().replace(tune=True)
         )
+    # the sharded collectives named are quantized (not part of the cache's key: the table and its
+    # file stay the group's)
+    cfg = qcomm.get_config()
+    rs = cfg.reduce_scatter or "reduce_scatter" in args.collective
+    ag = cfg.all_gather or "all_gather" in args.collective
+    if (rs, ag) != (cfg.reduce_scatter, cfg.all_gather):
+        qcomm.set_config(cfg.replace(reduce_scatter=rs, all_gather=ag))
     path, key = _tuning.KEYS.get(dist.group.WORLD.group_name, ("", None))
     if args.show or args.drop:
         if rank == 0:
@@ -50,7 +58,7 @@ def _worker(rank: int, world: int, args) -> None:
         while n <= hi:
             sizes.append(n)
             n <<= 1
-    table = qcomm.tune(sizes=sizes, dtypes=dtypes)
+    table = qcomm.tune(sizes=sizes, dtypes=dtypes, collectives=args.collective)
     if rank == 0:
         print(f"qcomm.tune: {world} ranks, host memory, config {qcomm.get_config()}")
         print(f"key: {json.dumps(key, sort_keys=True)}")
@@ -71,6 +79,14 @@ def main(argv=None) -> int:
     p.add_argument("--min-size", type=parse_size, default=0, help="smallest size (4096, 256K, 1M)")
     p.add_argument("--max-size", type=parse_size, default=0, help="largest size (default 64M)")
     p.add_argument("--dtypes", nargs="+", default=["float32"], help="float32 float16 bfloat16")
+    p.add_argument(
+        "--collective",
+        nargs="+",
+        choices=("all_reduce", "reduce_scatter", "all_gather"),
+        default=["all_reduce"],
+        help="the collectives to tune (a size is the message: the reduce-scatter's input, the "
+        "all-gather's output)",
+    )
     p.add_argument(
         "--device",
         choices=("cpu", "cuda"),

@@ -27,8 +27,9 @@ void runAllreduce(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& dat
 
 // A quantized reduce-scatter (plan.collective kReduceScatter): the reduce half of plan.algorithm
 // over `input` (contiguous, plan.numel = W x chunkElems elements), this rank's summed chunk scaled
-// (AVG, PREMUL_SUM) and cast into `output` (contiguous, chunkElems elements of the same dtype).
-// `input` is never written; `output` may be this rank's chunk of it (in place).
+// (AVG, PREMUL_SUM), rotated back (a rotated plan) and cast into `output` (contiguous,
+// plan.userRowElems() elements of the same dtype: the chunk without a rotated row's padding).
+// `input` is never written; `output` may be this rank's chunk of it (in place, unpadded plans).
 void runReduceScatter(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& input,
                       at::Tensor& output, Scratch* scratch = nullptr);
 
@@ -38,14 +39,16 @@ void runReduceScatter(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor&
 void runAllGather(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor& data,
                   Scratch* scratch = nullptr);
 
-// Whether the plan runs on a copy of the caller's tensor padded to whole groups (a rotated
-// message that ends inside a group).
+// Whether the plan runs on a copy of the caller's message padded to whole groups (a rotated
+// message whose rows end inside a group).
 inline bool needsPadding(const Plan& plan) { return plan.numel != plan.userNumel; }
-// That copy: t's plan.userNumel elements (any layout), then zeros up to plan.numel; in `storage`
-// (plan.numel elements of t's dtype, on t's device) when given, else newly allocated. On t's
-// current stream for a CUDA tensor.
+// That copy: t's plan.userNumel elements (any layout) as plan.rows rows, each followed by zeros
+// up to plan.numel / rows elements (the allreduce: one row; a sharded call: one row per shard,
+// so that shard c's groups start at its own start); in `storage` (plan.numel elements of t's
+// dtype, on t's device) when given, else newly allocated. On t's current stream for a CUDA tensor.
+// A reduce-scatter pads its input; its output is written unpadded (runReduceScatter).
 at::Tensor paddedCopy(const Plan& plan, const at::Tensor& t, at::Tensor storage = {});
-// Copies the caller's elements of such a copy back into t.
+// Copies the caller's elements of such a copy (each row's first userRowElems()) back into t.
 void copyUnpadded(const Plan& plan, const at::Tensor& padded, at::Tensor& t);
 
 }  // namespace qcomm

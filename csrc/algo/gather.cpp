@@ -1,5 +1,7 @@
 // The gather phase shared by two_step, ring and semi_ring (schedule.h, GatherPhase), the
 // all-gather that is that phase alone, and the reduce-scatter's end (ShardOutput).
+#include <algorithm>
+
 #include "algo/schedule.h"
 
 namespace qcomm {
@@ -104,22 +106,36 @@ void GatherPhase::fromInput() {
 
 void ShardOutput::ownPieceReady(int k, float* sum) {
   const ChunkRange own = c_.piece(c_.rank, k);
-  if (own.len == 0) return;
+  // where the piece lies in the output: a rotated plan's chunk is the shard padded to whole
+  // groups, and the padding is not written
+  const int64_t at = own.begin - c_.plan.chunk(c_.rank).begin;
+  const int64_t len = std::min<int64_t>(own.len, std::max<int64_t>(0, c_.plan.userRowElems() - at));
+  if (len == 0) return;
   c_.step = "reduce-scatter (scale, write the output)";
   if (c_.plan.average) c_.ops.divide(sum, own.len, c_.world);
   if (c_.plan.premul) c_.ops.multiply(sum, own.len, c_.plan.factor);
-  const int64_t at = own.begin - c_.plan.chunk(c_.rank).begin;
+  if (c_.plan.rotate) {
+    // the sum is in the rotated domain: H y / g per group (whole groups: the piece's length is),
+    // the bits of codec.h unrotateGroupInto (1/g is a power of two)
+    const int g = c_.plan.rs.groupSize;
+    c_.ops.rotateToFloat(sum, kFloat32, own.len, g, sum);
+    c_.ops.multiply(sum, own.len, 1.0f / float(g));
+  }
   uint8_t* dst = static_cast<uint8_t*>(c_.out->data_ptr()) + at * dtypeBytes(c_.plan.dtype);
-  c_.ops.castFromFloat(sum, own.len, c_.plan.dtype, dst);
+  c_.ops.castFromFloat(sum, len, c_.plan.dtype, dst);
 }
 
 void ShardOutput::fromInput() {
   at::Tensor scratch = c_.floatBuffer(c_.pieceElems);
+  float* sum = scratch.data_ptr<float>();
   for (int k = 0; k < c_.pieces; ++k) {
     const ChunkRange own = c_.piece(c_.rank, k);
-    if (own.len > 0)
-      c_.ops.castToFloat(c_.input(own.begin), c_.plan.dtype, own.len, scratch.data_ptr<float>());
-    ownPieceReady(k, scratch.data_ptr<float>());
+    if (own.len > 0 && c_.plan.rotate) {
+      c_.ops.rotateToFloat(c_.input(own.begin), c_.plan.dtype, own.len, c_.plan.rs.groupSize, sum);
+    } else if (own.len > 0) {
+      c_.ops.castToFloat(c_.input(own.begin), c_.plan.dtype, own.len, sum);
+    }
+    ownPieceReady(k, sum);
   }
 }
 

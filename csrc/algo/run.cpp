@@ -78,9 +78,9 @@ void runReduceScatter(const Plan& plan, Transport& t, CodecOps& ops, at::Tensor&
                       at::Tensor& output, Scratch* scratch) {
   const std::string where = rankPrefix(t.rank(), plan.world) + "reduce_scatter: ";
   checkCall(where, plan, kReduceScatter, t, input);
-  TORCH_CHECK_VALUE(output.is_contiguous() && output.numel() == plan.chunkElems &&
+  TORCH_CHECK_VALUE(output.is_contiguous() && output.numel() == plan.userRowElems() &&
                         output.scalar_type() == input.scalar_type(),
-                    where, "expected a contiguous output of ", plan.chunkElems,
+                    where, "expected a contiguous output of ", plan.userRowElems(),
                     " elements of the input's dtype, got ", output.sizes(), " ",
                     output.scalar_type());
   algo::Call c(plan, t, ops, input, scratch, &output);
@@ -99,13 +99,16 @@ at::Tensor paddedCopy(const Plan& plan, const at::Tensor& t, at::Tensor storage)
   TORCH_CHECK_VALUE(t.numel() == plan.userNumel, "paddedCopy: a tensor of ", t.numel(),
                     " elements for a plan of ", plan.userNumel);
   at::Tensor out = storage.defined() ? storage : at::empty({plan.numel}, t.options());
-  out.narrow(0, 0, plan.userNumel).view(t.sizes()).copy_(t);
-  out.narrow(0, plan.userNumel, plan.numel - plan.userNumel).zero_();
+  const int64_t rows = plan.rows, row = plan.userRowElems(), padded = plan.numel / rows;
+  at::Tensor grid = out.view({rows, padded});
+  grid.narrow(1, 0, row).copy_(t.reshape({rows, row}));
+  grid.narrow(1, row, padded - row).zero_();
   return out;
 }
 
 void copyUnpadded(const Plan& plan, const at::Tensor& padded, at::Tensor& t) {
-  t.copy_(padded.narrow(0, 0, plan.userNumel).view(t.sizes()));
+  const int64_t rows = plan.rows, row = plan.userRowElems();
+  t.copy_(padded.view({rows, plan.numel / rows}).narrow(1, 0, row).reshape(t.sizes()));
 }
 
 }  // namespace qcomm

@@ -12,6 +12,7 @@
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -135,9 +136,11 @@ class QncclBackend : public c10d::Backend {
   void setTuningCache(const std::string& path, const std::string& keyJson);
   std::string tuningCachePath() const;
   // Measures now (collective: every rank calls it with the same host tensor shape and dtype)
-  // which of exact and the quantized candidates is fastest for allreduces of this tensor's dtype
-  // and size class, and enters the choice in the table, replacing any earlier one.
-  void tune(const at::Tensor& sample);
+  // which of exact and the quantized candidates is fastest for calls of `collective` (plan.h
+  // Collective) of this message's dtype and size class (a reduce-scatter's input, an
+  // all-gather's output: numel a multiple of the world), and enters the choice in the table,
+  // replacing any earlier one.
+  void tune(const at::Tensor& sample, int32_t collective = kAllreduce);
   // Test hooks: this rank's measured time of candidate i (tuning and checks) is multiplied by
   // factors[i]; the duration of each real call it tracks for drift, by callFactor.
   void setTuneTimingFactors(std::vector<double> factors);
@@ -180,9 +183,10 @@ class QncclBackend : public c10d::Backend {
                                            const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
-  // The plan a reduce-scatter (collective kReduceScatter) or all-gather would take now.
+  // The plan a reduce-scatter (collective kReduceScatter) or all-gather would take now (with
+  // useTable: as the tuning table says; else as the config says).
   Plan planForSharded(int32_t collective, const at::Tensor& message, const at::Tensor& shard,
-                      c10d::ReduceOp op, bool shapeOk = true) const;
+                      c10d::ReduceOp op, bool shapeOk = true, bool useTable = true) const;
 
   // pass-through collectives, dispatched on the tensors' device
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -312,7 +316,15 @@ class QncclBackend : public c10d::Backend {
   void checkClass(const Plan& plan, const at::Tensor& sample, std::chrono::milliseconds timeout);
   void driftCheck(const Plan& plan, const at::Tensor& sample, std::chrono::milliseconds timeout);
   // The duration of a real call of a tuned class (on the progress thread), for driftCheck.
-  void noteCallTime(int32_t dtype, int32_t sizeClass, double seconds);
+  void noteCallTime(int32_t dtype, int32_t sizeClass, double seconds,
+                    int32_t collective = kAllreduce);
+  // One run of a tuning candidate of `collective` on `work` (the message): the exact inner
+  // collective where the candidate does not quantize, else its quantized run, counted nowhere.
+  void runForTuning(const Plan& candidate, int32_t collective, at::Tensor& work,
+                    std::chrono::milliseconds timeout);
+  // On the progress thread, a sharded call of a class the tuner decides (plan.tuneNeeded):
+  // settles the class, then runs the call as the table now says, timed for driftCheck.
+  std::string runTunedSharded(Plan plan, ShardedCall& call);
   // The exact inner allreduce of a CPU tensor, on the progress thread (a class tuned to exact).
   void exactOnQueue(at::Tensor& t, const c10d::AllreduceOptions& opts);
   void saveTuning() const;
@@ -321,7 +333,8 @@ class QncclBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> sharded(ShardedCall call);
   c10::intrusive_ptr<c10d::Work> passThroughSharded(ShardedCall& call);
   // On the progress thread: agreement, the run, the copies back, stats ("" when the ranks agree).
-  std::string runShardedCpu(const Plan& plan, ShardedCall& call);
+  // count false (the tuner's runs): no stats, no shadow.
+  std::string runShardedCpu(const Plan& plan, ShardedCall& call, bool count = true);
   void logSharded(const Plan& plan, const ShardedCall& call);
   // Shadow mode: the inner backend's exact result of the call, on copies of its input.
   at::Tensor exactOf(const ShardedCall& call);
@@ -361,16 +374,16 @@ class QncclBackend : public c10d::Backend {
   std::string tuneFile_, tuneKey_;
   std::vector<double> tuneTimingFactors_;
   double callTimingFactor_ = 1.0;
-  // Per (dtype, size class), on the progress thread only: the real calls' durations since the
-  // last drift check, the calls of the class so far, the call of the next check and the interval
-  // (doubled after each re-tune: a back-off).
+  // Per (collective, dtype, size class), on the progress thread only: the real calls' durations
+  // since the last drift check, the calls of the class so far, the call of the next check and the
+  // interval (doubled after each re-tune: a back-off).
   struct Drift {
     std::vector<double> seconds;
     int64_t calls = 0;
     int64_t nextCheck = 0;
     int64_t interval = 0;
   };
-  std::map<std::pair<int32_t, int32_t>, Drift> drift_;
+  std::map<std::tuple<int32_t, int32_t, int32_t>, Drift> drift_;  // (collective, dtype, class)
   mutable std::mutex brokenMutex_;
   std::string broken_;  // the first transport failure of a quantized allreduce
   // last, so that it stops (and joins its thread) before the members its tasks use go

@@ -34,10 +34,17 @@ std::chrono::milliseconds timeoutOf(std::chrono::milliseconds opt,
   return opt == c10d::kUnsetTimeout ? group : opt;
 }
 
+// The storage of a rotated plan's padded message (plan.numel elements of t's dtype), from the
+// group's scratch.
+at::Tensor scratchMessage(Scratch& scratch, const Plan& plan, const at::Tensor& t) {
+  return scratch.take(plan.numel * t.element_size(), t.options()).view(t.scalar_type());
+}
+
 }  // namespace
 
 Plan QncclBackend::planForSharded(int32_t collective, const at::Tensor& message,
-                                  const at::Tensor& shard, c10d::ReduceOp op, bool shapeOk) const {
+                                  const at::Tensor& shard, c10d::ReduceOp op, bool shapeOk,
+                                  bool useTable) const {
   CallFacts f;
   f.collective = collective;
   f.world = getSize();
@@ -58,7 +65,13 @@ Plan QncclBackend::planForSharded(int32_t collective, const at::Tensor& message,
       if (s != nullptr) f.premulFactor = s->double_factor;
     }
   }
-  Plan p = makePlan(f, getConfig(), nullptr);
+  Plan p;
+  if (useTable && !message.is_cuda()) {
+    std::lock_guard<std::mutex> lock(tuningMutex_);
+    p = makePlan(f, getConfig(), &tuning_);
+  } else {
+    p = makePlan(f, getConfig(), nullptr);
+  }
   if (disabled_) {
     p.quantize = false;
     p.reason = "QCOMM_DISABLE=1: every collective passes through";
@@ -103,8 +116,13 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::passThroughSharded(ShardedCall& cal
 c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
   TORCH_CHECK(!shutDown_, prefix(), call.name, ": the process group has been shut down");
   const at::NoGradGuard noGrad;  // results are written as Gloo writes them, outside autograd
-  Plan plan = planForSharded(call.collective, call.message, call.shard, call.op, call.shapeOk);
-  logSharded(plan, call);
+  Plan plan =
+      planForSharded(call.collective, call.message, call.shard, call.op, call.shapeOk, false);
+  // auto with tune: the table's choice is read on the progress thread, where every rank reaches
+  // the call at the same point (runTunedSharded, tuner.cpp), as the allreduce's
+  const QuantConfig cfg = getConfig();
+  plan.tuneNeeded = plan.quantize && cfg.algorithm == kAuto && cfg.tune;
+  if (!plan.tuneNeeded) logSharded(plan, call);
   if (!plan.quantize) return passThroughSharded(call);
   checkUsable(call.name);
   refuseOverlap({call.message, call.shard}, call.name);
@@ -124,7 +142,11 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
     self->checkUsable(call.name);
     self->useCodecThreads();
     std::string mismatch;
-    self->guardTransport([&] { mismatch = self->runShardedCpu(plan, call); });
+    if (plan.tuneNeeded) {
+      mismatch = self->runTunedSharded(plan, call);
+    } else {
+      self->guardTransport([&] { mismatch = self->runShardedCpu(plan, call); });
+    }
     TORCH_CHECK(mismatch.empty(), self->prefix(), call.name,
                 ": the ranks disagree on this call: ", mismatch,
                 ". Every rank must pass the same shapes, dtype and op, and hold the same "
@@ -134,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
   return queueCall(std::move(run), work, asyncOp);
 }
 
-std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
+std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call, bool count) {
   C10dTransport transport(gloo_.get(), getRank(), getSize(), call.timeout,
                           C10dTransport::kPointToPoint);
   const std::string mismatch = agreeOnPlan(plan, transport);
@@ -142,14 +164,14 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
   CpuCodecOps ops;
   std::lock_guard<std::mutex> lock(scratchMutex_);
   // shadow mode: the exact collective of copies first (an in-place call overwrites its input)
-  const bool shadowed = plan.shadowed();
+  const bool shadowed = count && plan.shadowed();
   const auto shadowStart = std::chrono::steady_clock::now();
   at::Tensor exact;
   if (shadowed) exact = exactOf(call);
   const double shadowSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - shadowStart).count();
   scratch_.begin();
-  const int64_t n = plan.chunkElems;
+  const int64_t n = plan.userRowElems();  // the shard (a rotated plan pads it: paddedCopy)
   const int64_t own = int64_t(getRank()) * n;
   if (plan.collective == kReduceScatter) {
     at::Tensor in = call.message.is_contiguous() ? call.message : call.message.contiguous();
@@ -162,6 +184,8 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
     }
     at::Tensor flatIn = in.reshape({-1});
     at::Tensor flatOut = out.reshape({-1});
+    if (needsPadding(plan))
+      flatIn = paddedCopy(plan, flatIn, scratchMessage(scratch_, plan, flatIn));
     runReduceScatter(plan, transport, ops, flatIn, flatOut, &scratch_);
     if (!out.is_same(call.shard)) call.shard.copy_(out);
   } else {
@@ -174,10 +198,17 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call) {
       if (at::get_overlap_status(src, flat) != at::MemOverlapStatus::No) src = src.clone();
       slot.copy_(src);
     }
-    runAllGather(plan, transport, ops, flat, &scratch_);
+    if (needsPadding(plan)) {
+      at::Tensor padded = paddedCopy(plan, flat, scratchMessage(scratch_, plan, flat));
+      runAllGather(plan, transport, ops, padded, &scratch_);
+      copyUnpadded(plan, padded, flat);
+    } else {
+      runAllGather(plan, transport, ops, flat, &scratch_);
+    }
     if (!msg.is_same(call.message)) call.message.copy_(msg);
   }
   if (call.unpack) call.unpack(call);
+  if (!count) return "";
   if (shadowed) {
     recordShadow(plan, plan.collective == kReduceScatter ? call.shard : call.message, exact,
                  shadowSeconds, collectiveName(plan.collective));

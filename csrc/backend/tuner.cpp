@@ -1,12 +1,13 @@
-// The tuner (plan/tuning.h), for host-memory allreduces: on the group's progress thread, at the
-// first eligible allreduce of a dtype and size class (QuantConfig.tune) or when qcomm.tune asks,
-// every rank times the exact inner allreduce and each quantized candidate on copies of the same
-// message, interleaved; the times agreed (the maximum over ranks) decide, rank 0 broadcasts the
-// choice, and every rank enters it in its table. Rank 0 then writes the table to the cache file
-// qcomm named. An entry loaded from that cache is checked at the first call of its class (a few
-// paired runs of exact and the cached choice) before it is relied on; and every so many calls of
-// a class the ranks compare their real calls' durations with the tuned time, re-tuning the class
-// when they drifted (all of it at a call every rank reaches at the same point).
+// The tuner (plan/tuning.h), for host-memory allreduces, reduce-scatters and all-gathers: on the
+// group's progress thread, at the first eligible call of a collective, dtype and size class
+// (QuantConfig.tune) or when qcomm.tune asks, every rank times the exact inner collective and
+// each quantized candidate on copies of the same message, interleaved; the times agreed (the
+// maximum over ranks) decide, rank 0 broadcasts the choice, and every rank enters it in its table.
+// Rank 0 then writes the table to the cache file qcomm named. An entry loaded from that cache is
+// checked at the first call of its class (a few paired runs of exact and the cached choice) before
+// it is relied on; and every so many calls of a class the ranks compare their real calls' durations
+// with the tuned time, re-tuning the class when they drifted (all of it at a call every rank
+// reaches at the same point).
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -65,6 +66,28 @@ const char* dtypeText(int32_t d) {
   return d == kFloat32 ? "float32" : d == kFloat16 ? "float16" : "bfloat16";
 }
 
+// What the log lines call the calls of a collective.
+std::string callsOf(int32_t collective) {
+  return collective == kAllreduce ? "allreduces" : std::string(collectiveName(collective)) + "s";
+}
+
+// The message the tuner times a class on: a copy of the sample; an all-gather's output holds no
+// data before the call, so a fixed ramp of its size instead (values shape no timing but NaN's).
+at::Tensor tuneData(const at::Tensor& sample, int32_t collective) {
+  if (collective != kAllGather) return sample.contiguous().clone();
+  return at::sin(at::arange(sample.numel(), sample.options().dtype(at::kFloat)))
+      .to(sample.scalar_type());
+}
+
+// The facts the candidates' plans are made from: the sample's, as a message of `collective`.
+CallFacts tuneFacts(CallFacts f, int32_t collective) {
+  f.collective = collective;
+  f.shapeOk = true;
+  f.opSum = true;
+  f.opAvg = false;
+  return f;
+}
+
 std::string jsonNumber(double v) {
   char b[32];
   std::snprintf(b, sizeof(b), "%.6g", v);
@@ -107,7 +130,7 @@ void QncclBackend::setCallTimingFactor(double callFactor) {
   callTimingFactor_ = callFactor;
 }
 
-void QncclBackend::tune(const at::Tensor& sample) {
+void QncclBackend::tune(const at::Tensor& sample, int32_t collective) {
   TORCH_CHECK(!shutDown_, prefix(), "tune: the process group has been shut down");
   checkUsable("tune");
   TORCH_CHECK_VALUE(sample.device().is_cpu(), prefix(), "tune: the tuner measures host-memory ",
@@ -119,10 +142,24 @@ void QncclBackend::tune(const at::Tensor& sample) {
   TORCH_CHECK_VALUE(cfg.algorithm == kAuto, prefix(), "tune: the group's algorithm is ",
                     algoName(cfg.algorithm),
                     ", chosen explicitly; the tuner chooses only for algorithm='auto'");
-  Plan plan = makePlan(factsOf(sample, c10d::ReduceOp::SUM), cfg);
-  TORCH_CHECK_VALUE(plan.quantize, prefix(), "tune: an allreduce of ", sample.numel(), " ",
-                    sample.scalar_type(), " elements passes through (", plan.reason,
-                    "); there is nothing to tune");
+  TORCH_CHECK_VALUE(collective >= kAllreduce && collective <= kAllGather, prefix(),
+                    "tune: unknown collective ", collective);
+  Plan plan;
+  if (collective == kAllreduce) {
+    plan = makePlan(factsOf(sample, c10d::ReduceOp::SUM), cfg);
+  } else {
+    const int64_t n = sample.numel() / getSize();
+    TORCH_CHECK_VALUE(n * getSize() == sample.numel(), prefix(), "tune: a ",
+                      collectiveName(collective), " message of ", sample.numel(),
+                      " elements is not ", getSize(), " shards alike");
+    plan = planForSharded(collective, sample, sample.reshape({-1}).narrow(0, 0, n),
+                          c10d::ReduceOp::SUM, true, false);
+  }
+  TORCH_CHECK_VALUE(plan.quantize, prefix(), "tune: ",
+                    collective == kAllreduce ? std::string("an allreduce")
+                                             : std::string("a ") + collectiveName(collective),
+                    " of ", sample.numel(), " ", sample.scalar_type(), " elements passes through (",
+                    plan.reason, "); there is nothing to tune");
   auto work = c10::make_intrusive<QueuedWork>(getRank(), c10d::OpType::ALLREDUCE, "qnccl:tune",
                                               std::vector<at::Tensor>{}, std::vector<at::Tensor>{});
   work->setQueue(queue_.identity());
@@ -147,17 +184,17 @@ void QncclBackend::exactOnQueue(at::Tensor& t, const c10d::AllreduceOptions& opt
 
 void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
                                 std::chrono::milliseconds timeout, bool onlyIfMissing) {
-  const int32_t dtype = plan.userDtype;
+  const int32_t dtype = plan.userDtype, coll = plan.collective;
   const int64_t bytes = sample.numel() * int64_t(sample.element_size());
   const int32_t cls = sizeClassOf(bytes);
   TuningTable& table = tuning_;
   if (onlyIfMissing) {
     std::lock_guard<std::mutex> lock(tuningMutex_);
-    if (table.find(dtype, cls) != nullptr) return;  // an earlier call of the class measured it
+    if (table.find(dtype, cls, coll) != nullptr) return;  // an earlier call measured the class
   }
   const Clock::time_point start = Clock::now();
   useCodecThreads();
-  const std::vector<TuneChoice> cands = tuneCandidates(getSize());
+  const std::vector<TuneChoice> cands = tuneCandidates(getSize(), false, coll);
   const size_t n = cands.size();
   std::vector<double> factors;
   {
@@ -165,8 +202,8 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
     factors = tuneTimingFactors_;
   }
   QuantConfig cfg = getConfig();
-  const CallFacts facts = factsOf(sample, c10d::ReduceOp::SUM);
-  const at::Tensor data = sample.contiguous().clone();
+  const CallFacts facts = tuneFacts(factsOf(sample, c10d::ReduceOp::SUM), coll);
+  const at::Tensor data = tuneData(sample, coll);
   at::Tensor work = at::empty_like(data);
   c10d::AllreduceOptions opts;
   opts.timeout = timeout;
@@ -195,12 +232,7 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
     b.timeout = timeout;
     gloo_->barrier(b)->wait();
     const Clock::time_point t0 = Clock::now();
-    if (cands[i].exact()) {
-      std::vector<at::Tensor> ts{work};
-      gloo_->allreduce(ts, opts)->wait();
-    } else {
-      requireAgreement(runQuantizedCpu(candidate, work, timeout, false));
-    }
+    runForTuning(candidate, coll, work, timeout);
     return secondsSince(t0) * (i < factors.size() ? factors[i] : 1.0);
   };
 
@@ -236,6 +268,7 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
     TORCH_CHECK(chosen >= 0 && size_t(chosen) < n, prefix(), "tune: rank 0 chose candidate ",
                 chosen, " of ", n);
     TuneEntry e;
+    e.collective = coll;
     e.dtype = dtype;
     e.sizeClass = cls;
     e.bytes = bytes;
@@ -255,7 +288,7 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
   std::string times;
   {
     std::lock_guard<std::mutex> lock(tuningMutex_);
-    e = table.find(dtype, cls);
+    e = table.find(dtype, cls, coll);
     for (size_t i = 0; i < e->seconds.size(); ++i) {
       const auto& kv = e->seconds[i];
       times += (times.empty() ? "" : ", ") + choiceName(kv.first) + " " +
@@ -263,11 +296,72 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
                (i < keep.size() && !keep[i] ? " (one run, dropped)" : "");
     }
     std::fprintf(stderr,
-                 "%sINFO tuned host-memory allreduces of %s, class 2^%d bytes (measured at %lld "
+                 "%sINFO tuned host-memory %s of %s, class 2^%d bytes (measured at %lld "
                  "B, %.2f s): %s (%s)\n",
-                 prefix().c_str(), dtypeText(dtype), int(cls), static_cast<long long>(bytes), took,
-                 choiceName(e->choice).c_str(), times.c_str());
+                 prefix().c_str(), callsOf(coll).c_str(), dtypeText(dtype), int(cls),
+                 static_cast<long long>(bytes), took, choiceName(e->choice).c_str(), times.c_str());
   }
+}
+
+void QncclBackend::runForTuning(const Plan& candidate, int32_t collective, at::Tensor& work,
+                                std::chrono::milliseconds timeout) {
+  if (collective == kAllreduce) {
+    if (candidate.quantize) {
+      requireAgreement(runQuantizedCpu(candidate, work, timeout, false));
+      return;
+    }
+    c10d::AllreduceOptions o;
+    o.timeout = timeout;
+    std::vector<at::Tensor> ts{work};
+    gloo_->allreduce(ts, o)->wait();
+    return;
+  }
+  // work is the message (the reduce-scatter's input, the all-gather's output); the all-gather's
+  // input is this rank's slot of it, in place (FSDP2's)
+  const int64_t n = work.numel() / getSize();
+  ShardedCall call;
+  call.collective = collective;
+  call.name = collective == kReduceScatter ? "reduce_scatter_tensor" : "all_gather_into_tensor";
+  call.message = work;
+  call.shard = collective == kReduceScatter ? at::empty({n}, work.options())
+                                            : work.narrow(0, int64_t(getRank()) * n, n);
+  call.op = c10d::ReduceOp::SUM;
+  call.timeout = timeout;
+  if (candidate.quantize) {
+    requireAgreement(runShardedCpu(candidate, call, false));
+  } else if (collective == kReduceScatter) {
+    c10d::ReduceScatterOptions o;
+    o.timeout = timeout;
+    gloo_->_reduce_scatter_base(call.shard, work, o)->wait();
+  } else {
+    c10d::AllgatherOptions o;
+    o.timeout = timeout;
+    gloo_->_allgather_base(work, call.shard, o)->wait();
+  }
+}
+
+std::string QncclBackend::runTunedSharded(Plan plan, ShardedCall& call) {
+  // every rank reaches this call of this class in the same order: the measurement, check or
+  // re-tune is collective; then the call takes the plan the table now gives
+  settleClass(plan, call.message, call.timeout);
+  const uint32_t seq = plan.callSeq;
+  plan = planForSharded(call.collective, call.message, call.shard, call.op, call.shapeOk);
+  plan.callSeq = seq;
+  logSharded(plan, call);
+  const Clock::time_point start = Clock::now();
+  std::string mismatch;
+  guardTransport([&] {
+    if (plan.quantize) {
+      mismatch = runShardedCpu(plan, call);
+      return;
+    }
+    stats_.sharded[call.collective].passthroughCalls++;  // tuned: the exact call measured faster
+    c10::intrusive_ptr<c10d::Work> w = call.inner(gloo_.get());
+    if (w) w->wait();
+  });
+  const int64_t bytes = call.message.numel() * int64_t(call.message.element_size());
+  noteCallTime(plan.dtype, sizeClassOf(bytes), secondsSince(start), call.collective);
+  return mismatch;
 }
 
 void QncclBackend::saveTuning() const {
@@ -280,10 +374,12 @@ void QncclBackend::saveTuning() const {
     entries = tuning_.entries();
   }
   if (path.empty()) return;
-  std::string out = "{\"format\": 1,\n \"key\": " + key + ",\n \"entries\": [";
+  // format 2: each entry names its collective (qcomm/_tuning.py reads format 1 as allreduces)
+  std::string out = "{\"format\": 2,\n \"key\": " + key + ",\n \"entries\": [";
   for (size_t i = 0; i < entries.size(); ++i) {
     const TuneEntry& e = entries[i];
-    out += std::string(i ? ",\n  " : "\n  ") + "{\"dtype\": \"" + dtypeText(e.dtype) +
+    out += std::string(i ? ",\n  " : "\n  ") + "{\"collective\": \"" +
+           collectiveName(e.collective) + "\", \"dtype\": \"" + dtypeText(e.dtype) +
            "\", \"size_class\": " + std::to_string(e.sizeClass) +
            ", \"bytes\": " + std::to_string(e.bytes) + ", \"algorithm\": \"" +
            algoName(e.choice.algorithm) +
@@ -339,14 +435,14 @@ void QncclBackend::settleClass(const Plan& plan, const at::Tensor& sample,
 
 void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
                               std::chrono::milliseconds timeout) {
-  const int32_t dtype = plan.userDtype;
+  const int32_t dtype = plan.userDtype, coll = plan.collective;
   const int64_t bytes = sample.numel() * int64_t(sample.element_size());
   const int32_t cls = sizeClassOf(bytes);
   TuneEntry cached;
   std::vector<double> factors;
   {
     std::lock_guard<std::mutex> lock(tuningMutex_);
-    const TuneEntry* e = tuning_.find(dtype, cls);
+    const TuneEntry* e = tuning_.find(dtype, cls, coll);
     if (e == nullptr || e->verified) return;
     cached = *e;
     factors = tuneTimingFactors_;
@@ -355,7 +451,7 @@ void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
   useCodecThreads();
   // the pair: exact and the cached choice; where that is exact, exact and the entry's fastest
   // quantized candidate (two_step/1 without times)
-  const std::vector<TuneChoice> cands = tuneCandidates(getSize());
+  const std::vector<TuneChoice> cands = tuneCandidates(getSize(), false, coll);
   TuneChoice other = cached.choice;
   if (other.exact()) {
     other = TuneChoice{kTwoStep, 1};
@@ -376,8 +472,8 @@ void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
   QuantConfig cfg = getConfig();
   cfg.algorithm = other.algorithm;
   cfg.microshards = other.microshards;
-  const Plan candidate = quantizedPlan(factsOf(sample, c10d::ReduceOp::SUM), cfg);
-  const at::Tensor data = sample.contiguous().clone();
+  const Plan candidate = quantizedPlan(tuneFacts(factsOf(sample, c10d::ReduceOp::SUM), coll), cfg);
+  const at::Tensor data = tuneData(sample, coll);
   at::Tensor work = at::empty_like(data);
   c10d::AllreduceOptions opts;
   opts.timeout = timeout;
@@ -396,12 +492,7 @@ void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
         b.timeout = timeout;
         gloo_->barrier(b)->wait();
         const Clock::time_point t0 = Clock::now();
-        if (i == 0) {
-          std::vector<at::Tensor> ts{work};
-          gloo_->allreduce(ts, opts)->wait();
-        } else {
-          requireAgreement(runQuantizedCpu(candidate, work, timeout, false));
-        }
+        runForTuning(i == 0 ? Plan{} : candidate, coll, work, timeout);
         if (r > 0) runs[i].push_back(secondsSince(t0) * factorOf(pair[i]));
       }
     }
@@ -422,11 +513,12 @@ void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
   const bool info = getRank() == 0 && settings::text("QCOMM_DEBUG") != "WARN";
   if (info) {
     std::fprintf(stderr,
-                 "%sINFO checked the cached choice of %s allreduces, class 2^%d bytes (%s): "
+                 "%sINFO checked the cached choice of %s %s, class 2^%d bytes (%s): "
                  "exact %s ms, %s %s ms (the fastest of %d paired rounds, %.3f s): %s\n",
-                 prefix().c_str(), dtypeText(dtype), int(cls), choiceName(cached.choice).c_str(),
-                 jsonNumber(med[0] * 1e3).c_str(), choiceName(other).c_str(),
-                 jsonNumber(med[1] * 1e3).c_str(), kCheckRounds, secondsSince(start),
+                 prefix().c_str(), dtypeText(dtype), callsOf(coll).c_str(), int(cls),
+                 choiceName(cached.choice).c_str(), jsonNumber(med[0] * 1e3).c_str(),
+                 choiceName(other).c_str(), jsonNumber(med[1] * 1e3).c_str(), kCheckRounds,
+                 secondsSince(start),
                  disagrees ? "it disagrees: measuring the class again" : "confirmed");
   }
   if (!disagrees) {
@@ -441,21 +533,22 @@ void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
   measureClass(plan, sample, timeout, false);  // replaces the entry, rank 0 rewrites the file
 }
 
-void QncclBackend::noteCallTime(int32_t dtype, int32_t sizeClass, double seconds) {
+void QncclBackend::noteCallTime(int32_t dtype, int32_t sizeClass, double seconds,
+                                int32_t collective) {
   double factor;
   {
     std::lock_guard<std::mutex> lock(tuningMutex_);
     factor = callTimingFactor_;
   }
-  std::vector<double>& v = drift_[{dtype, sizeClass}].seconds;
+  std::vector<double>& v = drift_[{collective, dtype, sizeClass}].seconds;
   if (v.size() < 4096) v.push_back(seconds * factor);
 }
 
 void QncclBackend::driftCheck(const Plan& plan, const at::Tensor& sample,
                               std::chrono::milliseconds timeout) {
-  const int32_t dtype = plan.userDtype;
+  const int32_t dtype = plan.userDtype, coll = plan.collective;
   const int32_t cls = sizeClassOf(sample.numel() * int64_t(sample.element_size()));
-  Drift& d = drift_[{dtype, cls}];
+  Drift& d = drift_[{coll, dtype, cls}];
   if (d.interval == 0) {
     d.interval = kDriftFirst;
     d.nextCheck = kDriftFirst;
@@ -469,7 +562,7 @@ void QncclBackend::driftCheck(const Plan& plan, const at::Tensor& sample,
   std::string choice;
   {
     std::lock_guard<std::mutex> lock(tuningMutex_);
-    const TuneEntry* e = tuning_.find(dtype, cls);
+    const TuneEntry* e = tuning_.find(dtype, cls, coll);
     if (e != nullptr) {
       tuned = e->secondsOf(e->choice);
       choice = choiceName(e->choice);
@@ -495,12 +588,12 @@ void QncclBackend::driftCheck(const Plan& plan, const at::Tensor& sample,
   if (getRank() == 0 && settings::text("QCOMM_DEBUG") != "WARN") {
     std::fprintf(
         stderr,
-        "%sINFO re-tuning %s allreduces, class 2^%d bytes, at its call %lld: the median "
+        "%sINFO re-tuning %s %s, class 2^%d bytes, at its call %lld: the median "
         "call of some rank took %.2fx the %s ms tuning measured for %s (tuned over median: "
         "%.2fx), beyond %.1fx either way; next comparison after %lld calls\n",
-        prefix().c_str(), dtypeText(dtype), int(cls), static_cast<long long>(call), slower,
-        jsonNumber(tuned * 1e3).c_str(), choice.c_str(), faster, kDriftBound,
-        static_cast<long long>(std::min(d.interval * 2, kDriftMaxInterval)));
+        prefix().c_str(), dtypeText(dtype), callsOf(coll).c_str(), int(cls),
+        static_cast<long long>(call), slower, jsonNumber(tuned * 1e3).c_str(), choice.c_str(),
+        faster, kDriftBound, static_cast<long long>(std::min(d.interval * 2, kDriftMaxInterval)));
   }
   d.interval = std::min(d.interval * 2, kDriftMaxInterval);  // back off
   d.nextCheck = call + d.interval;

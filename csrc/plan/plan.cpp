@@ -34,6 +34,13 @@ const char* collectiveName(int32_t collective) {
   }
 }
 
+bool rotatesCall(const QuantConfig& cfg, int32_t collective) {
+  if (cfg.rotate >= 0 || collective == kAllreduce) return rotates(cfg);
+  // unset: on where the call's own codec has 4 bits (a reduce-scatter ships the reduce phase's,
+  // an all-gather the gather phase's)
+  return (collective == kReduceScatter ? cfg.rsBits : cfg.agBits) == 4;
+}
+
 ChunkRange Plan::chunk(int c) const {
   const int64_t begin = std::min<int64_t>(int64_t(c) * chunkElems, numel);
   return {begin, std::min<int64_t>(chunkElems, numel - begin)};
@@ -79,21 +86,18 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* tab
   if (ag && !f.shapeOk) return passThrough("output is not W times the input");
   const int64_t bytes = f.numel * dtypeBytes(f.dtype);
   if (bytes < cfg.minBytes) return passThrough("message below min_bytes");
-  if ((rs || ag) && rotates(cfg)) {
-    // v1: the rotated codec needs whole groups, which torch's shards are not in general
-    return passThrough(
-        "rotation is not supported for reduce_scatter and all_gather yet (QuantConfig.rotate="
-        "False quantizes them unrotated)");
-  }
-  // sharded calls are not tuned (v1): auto is two_step
-  if (cfg.algorithm != kAuto || table == nullptr || rs || ag) return quantizedPlan(f, cfg);
-  const TuneEntry* e = table->find(f.dtype, sizeClassOf(bytes));
+  if (cfg.algorithm != kAuto || table == nullptr) return quantizedPlan(f, cfg);
+  const TuneEntry* e = table->find(f.dtype, sizeClassOf(bytes), f.collective);
   if (e == nullptr) {
     Plan q = quantizedPlan(f, cfg);
     q.tuneNeeded = cfg.tune;
     return q;
   }
-  if (e->choice.exact()) return passThrough("tuned: the exact allreduce measured faster here");
+  if (e->choice.exact()) {
+    return passThrough(rs   ? "tuned: the exact reduce_scatter measured faster here"
+                       : ag ? "tuned: the exact all_gather measured faster here"
+                            : "tuned: the exact allreduce measured faster here");
+  }
   QuantConfig chosen = cfg;
   chosen.algorithm = e->choice.algorithm;
   chosen.microshards = e->choice.microshards;
@@ -110,12 +114,15 @@ Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {
   p.shadow = cfg.shadow;
   p.userDtype = f.dtype;
   const bool sharded = f.collective != kAllreduce;
-  if (rotates(cfg) && !sharded) {
-    // whole groups (the caller's tensor padded with zeros where it ends inside one); the codec
-    // rotates each group as it encodes and decodes, and a phase set to none ships the rotated
-    // values as fp32
+  const int64_t g = cfg.groupSize;
+  // sharded calls: W rows (torch's shards), each padded on its own
+  p.rows = sharded ? std::max(1, f.world) : 1;
+  if (rotatesCall(cfg, f.collective)) {
+    // whole groups: each row of the caller's message (the tensor, or each shard) padded with
+    // zeros where it ends inside a group; the codec rotates each group as it encodes and
+    // decodes, and a phase set to none ships the rotated values as fp32
     p.rotate = true;
-    p.numel = ceilDiv(f.numel, cfg.groupSize) * cfg.groupSize;
+    p.numel = ceilDiv(f.numel / p.rows, g) * g * p.rows;
   }
   const int32_t raw = p.rotate ? int32_t(kFloat32) : p.dtype;
   // auto: two_step. It has the fewest quantization round trips (two, whatever the world size), so
@@ -124,11 +131,10 @@ Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {
   p.algorithm = cfg.algorithm == kAuto ? kTwoStep : cfg.algorithm;
   p.rs = CodecSpec{cfg.rsBits, cfg.groupSize, cfg.symmetric ? 1 : 0, raw};
   p.ag = CodecSpec{cfg.agBits, cfg.groupSize, cfg.symmetric ? 1 : 0, raw};
-  const int64_t g = cfg.groupSize;
-  // allreduce: chunks of whole groups; sharded calls: torch's shards, groups counted from each
-  // shard's first element (the codec's blocks start at their first element)
-  p.chunkElems =
-      sharded ? p.numel / std::max(1, f.world) : ceilDiv(ceilDiv(p.numel, g), f.world) * g;
+  // allreduce: chunks of whole groups; sharded calls: torch's shards (rotated: each padded to
+  // whole groups), groups counted from each shard's first element (the codec's blocks start at
+  // their first element)
+  p.chunkElems = sharded ? p.numel / p.rows : ceilDiv(ceilDiv(p.numel, g), f.world) * g;
   p.microshards = std::max(1, cfg.microshards);
   p.shardElems = ceilDiv(ceilDiv(p.chunkElems, g), p.microshards) * g;
   if (f.collective == kAllGather) {

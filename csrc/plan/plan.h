@@ -3,6 +3,7 @@
 // It never looks at data, timing or memory, so every rank takes the same path (DESIGN invariant 6).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,33 +45,41 @@ struct Plan {
   float factor = 1.0f;
   int world = 1;
   int64_t numel = 0;
-  // Chunk c of the message is [c * chunkElems, ...) clipped to numel: one chunk per rank, a
-  // multiple of the group size so that no quantization group straddles two chunks.
+  // Chunk c of the message is [c * chunkElems, ...) clipped to numel: one chunk per rank. The
+  // allreduce's is a multiple of the group size so that no quantization group straddles two
+  // chunks; a sharded call's is a row (the shard, or rotated its padded row).
   int64_t chunkElems = 0;
   // Rings split each chunk into `microshards` shards of shardElems (a multiple of the group size)
   // so that the transfer of one overlaps the decode-add-encode of the previous one.
   int32_t microshards = 1;
   int64_t shardElems = 0;
-  // Rotation: the algorithm runs on a message of `numel` elements (the user's count rounded up to
-  // whole groups; the caller pads with zeros) of the caller's dtype, and the codec rotates each
-  // group on its way in and out (schedule.h Call::encodeInput); userNumel and userDtype describe
-  // the caller's tensor.
+  // Rotation: the algorithm runs on a message of `numel` elements of the caller's dtype, and the
+  // codec rotates each group on its way in and out (schedule.h Call::encodeInput); userNumel and
+  // userDtype describe the caller's message. The message is `rows` rows (1 for the allreduce, W
+  // for sharded calls: torch's shards), each the caller's row of userNumel / rows elements padded
+  // with zeros to whole groups (the caller pads: algorithms.h paddedCopy), so that chunk c of a
+  // sharded call is row c, its groups start at the row's first element, and the padding never
+  // reaches the caller's tensors.
   bool rotate = false;
+  int32_t rows = 1;
   // Stochastic rounding, and the call's sequence number on this group (counted alike on every
   // rank; it seeds the rounding noise, set by the backend).
   bool stochastic = false;
   uint32_t callSeq = 0;
   int64_t userNumel = 0;
   int32_t userDtype = kFloat32;
-  // auto with a tuning table: `tuned` when this plan is the table's choice; `tuneNeeded` when
-  // config.tune asks for a measurement of this dtype and size class first (the plan is then
-  // two_step's until the measurement has decided).
+  // auto with a tuning table: `tuned` when this plan is the table's choice (for its collective,
+  // dtype and size class); `tuneNeeded` when config.tune asks for a measurement of the class
+  // first (the plan is then two_step's until the measurement has decided).
   bool tuned = false;
   bool tuneNeeded = false;
   // Shadow mode (config.shadow): every shadow-th call by callSeq also runs the exact allreduce of
   // a copy of its input (shadowed()); part of the header, since it adds an exchange.
   int32_t shadow = 0;
   bool shadowed() const { return shadow > 0 && callSeq % uint32_t(shadow) == 0; }
+
+  // The caller's elements of one row (userNumel / rows): a sharded call's shard.
+  int64_t userRowElems() const { return userNumel / std::max<int64_t>(1, rows); }
 
   ChunkRange chunk(int c) const;
   ChunkRange shard(int c, int k) const;  // absolute element range of shard k of chunk c
@@ -103,6 +112,11 @@ struct CallFacts {
   bool premulTensor = false;
   double premulFactor = 1.0;
 };
+
+// Whether a call of `collective` rotates: QuantConfig.rotate where set; unset (-1), the
+// allreduce rotates where a phase has 4 bits (config.h rotates()), a reduce-scatter where rs_bits
+// is 4 and an all-gather where ag_bits is 4 (the codec the call ships).
+bool rotatesCall(const QuantConfig& cfg, int32_t collective);
 
 // `table`: the group's tuning table, consulted where cfg.algorithm is auto (none: not tuned).
 Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* table = nullptr);

@@ -10,12 +10,12 @@ std::string choiceName(const TuneChoice& c) {
   return std::string(algoName(c.algorithm)) + "/" + std::to_string(c.microshards);
 }
 
-const TuneEntry* TuningTable::find(int32_t dtype, int32_t sizeClass) const {
-  auto it = m_.find({dtype, sizeClass});
+const TuneEntry* TuningTable::find(int32_t dtype, int32_t sizeClass, int32_t collective) const {
+  auto it = m_.find({collective, dtype, sizeClass});
   return it == m_.end() ? nullptr : &it->second;
 }
 
-void TuningTable::put(const TuneEntry& e) { m_[{e.dtype, e.sizeClass}] = e; }
+void TuningTable::put(const TuneEntry& e) { m_[{e.collective, e.dtype, e.sizeClass}] = e; }
 
 std::vector<TuneEntry> TuningTable::entries() const {
   std::vector<TuneEntry> out;
@@ -29,7 +29,14 @@ int32_t sizeClassOf(int64_t bytes) {
   return k;
 }
 
-std::vector<TuneChoice> tuneCandidates(int world, bool streamOrdered) {
+std::vector<TuneChoice> tuneCandidates(int world, bool streamOrdered, int32_t collective) {
+  if (collective != 0) {  // reduce-scatter, all-gather: two_step's reduce half, the gather phase
+    std::vector<TuneChoice> c = {TuneChoice{}, TuneChoice{kTwoStep, 1}};
+    if (streamOrdered) return c;
+    c.push_back(TuneChoice{kTwoStep, 4});
+    if (collective == 1) c.push_back(TuneChoice{kTwoStep, 16});
+    return c;
+  }
   if (streamOrdered) {
     std::vector<TuneChoice> c = {TuneChoice{}, TuneChoice{kTwoStep, 1}, TuneChoice{kRing, 1}};
     if (world >= 3) c.push_back(TuneChoice{kSemiRing, 1});

@@ -1,12 +1,14 @@
-// The tuning table: what `auto` measured on a group's own link, per dtype and message-size class
-// (messages of [2^k, 2^(k+1)) bytes): pass through exactly, or quantize with an algorithm and a
-// number of microshards. One rank decides each entry and every rank holds the same table, so the
-// plan stays a pure function of shared facts (numel, dtype, op, world, config, table).
+// The tuning table: what `auto` measured on a group's own link, per collective (allreduce,
+// reduce-scatter, all-gather), dtype and message-size class (messages of [2^k, 2^(k+1)) bytes):
+// pass through exactly, or quantize with an algorithm and a number of microshards. One rank decides
+// each entry and every rank holds the same table, so the plan stays a pure function of shared facts
+// (numel, dtype, op, world, config, table).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -14,7 +16,7 @@
 
 namespace qcomm {
 
-// algorithm kAlgoNone: the exact inner allreduce.
+// algorithm kAlgoNone: the exact inner collective.
 struct TuneChoice {
   int32_t algorithm = kAlgoNone;
   int32_t microshards = 1;
@@ -28,9 +30,10 @@ struct TuneChoice {
 std::string choiceName(const TuneChoice& c);
 
 struct TuneEntry {
-  int32_t dtype = 0;      // the caller's dtype (codec.h kFloat32, ...)
-  int32_t sizeClass = 0;  // k: messages of [2^k, 2^(k+1)) bytes
-  int64_t bytes = 0;      // the message size it was measured at
+  int32_t collective = 0;  // plan.h Collective: 0 allreduce, 1 reduce-scatter, 2 all-gather
+  int32_t dtype = 0;       // the caller's dtype (codec.h kFloat32, ...)
+  int32_t sizeClass = 0;   // k: messages of [2^k, 2^(k+1)) bytes
+  int64_t bytes = 0;       // the message size it was measured at
   TuneChoice choice;
   // each candidate and its time in seconds (the maximum over ranks of each rank's median); a
   // candidate dropped after its first run has the time of that run
@@ -49,22 +52,27 @@ struct TuneEntry {
 
 class TuningTable {
  public:
-  const TuneEntry* find(int32_t dtype, int32_t sizeClass) const;
+  const TuneEntry* find(int32_t dtype, int32_t sizeClass, int32_t collective = 0) const;
   void put(const TuneEntry& e);
-  std::vector<TuneEntry> entries() const;
+  std::vector<TuneEntry> entries() const;  // by collective, dtype, size class
   void clear() { m_.clear(); }
 
  private:
-  std::map<std::pair<int32_t, int32_t>, TuneEntry> m_;
+  std::map<std::tuple<int32_t, int32_t, int32_t>, TuneEntry> m_;  // (collective, dtype, class)
 };
 
 // k such that bytes lies in [2^k, 2^(k+1)) (0 for bytes < 2).
 int32_t sizeClassOf(int64_t bytes);
 
-// What the tuner times, exact first. Host memory: two_step at 1, 4 and 16 microshards, ring at 4
-// and 16, semi_ring at 4 where the world has three ranks or more. CUDA tensors (streamOrdered:
-// their transports move chunks whole, so microshards change nothing): two_step, ring, semi_ring.
-std::vector<TuneChoice> tuneCandidates(int world, bool streamOrdered = false);
+// What the tuner times for a collective (plan.h Collective), exact first. Allreduce, host memory:
+// two_step at 1, 4 and 16 microshards, ring at 4 and 16, semi_ring at 4 where the world has three
+// ranks or more. Reduce-scatter: two_step at 1, 4 and 16 (the rings' W - 1 requantizations cost
+// error for the same bytes, the reason ZeRO++ and gZCCL left ring reduce-scatter out; an explicit
+// algorithm still runs them). All-gather: the gather phase at 1 and 4 microshards (two_step/1,
+// two_step/4). CUDA tensors (streamOrdered: their transports move chunks whole, so microshards
+// change nothing): two_step, ring, semi_ring; two_step alone for the sharded calls.
+std::vector<TuneChoice> tuneCandidates(int world, bool streamOrdered = false,
+                                       int32_t collective = 0);
 
 // The index of the choice given each candidate's time (index 0: exact; a negative time: not
 // measured): the fastest quantized candidate where it is faster than exact by more than `margin`

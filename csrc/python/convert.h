@@ -54,6 +54,7 @@ inline pybind11::dict configToDict(const QuantConfig& c) {
 // A tuning-table entry as qcomm.tuning() gives it and the cache file holds it.
 inline pybind11::dict entryToDict(const TuneEntry& e) {
   pybind11::dict d;
+  d["collective"] = e.collective;
   d["dtype"] = e.dtype;
   d["size_class"] = e.sizeClass;
   d["bytes"] = e.bytes;
@@ -69,7 +70,7 @@ inline pybind11::dict entryToDict(const TuneEntry& e) {
 
 // An entry as qcomm's cache loader checked it: dtype code, size class, bytes, algorithm code
 // (none: exact), microshards, and optionally the candidates' times, a list of (algorithm code,
-// microshards, seconds).
+// microshards, seconds), and the collective (plan.h Collective; absent: the allreduce).
 inline TuneEntry entryFromTuple(const pybind11::tuple& t) {
   TuneEntry e;
   e.dtype = t[0].cast<int32_t>();
@@ -93,6 +94,10 @@ inline TuneEntry entryFromTuple(const pybind11::tuple& t) {
           "[qcomm] invalid tuning time");
       e.seconds.emplace_back(c, sec);
     }
+  }
+  if (t.size() > 6) {
+    e.collective = t[6].cast<int32_t>();
+    TORCH_CHECK_VALUE(e.collective >= 0 && e.collective <= 2, "[qcomm] invalid tuning entry");
   }
   return e;
 }

@@ -191,7 +191,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("entries"))
       .def("set_tuning_cache", &QncclBackend::setTuningCache, py::arg("path"), py::arg("key"))
       .def("tuning_cache", &QncclBackend::tuningCachePath)
-      .def("tune", &QncclBackend::tune, py::arg("sample"), py::call_guard<py::gil_scoped_release>())
+      .def("tune", &QncclBackend::tune, py::arg("sample"), py::arg("collective") = 0,
+           py::call_guard<py::gil_scoped_release>())
       .def("release_buffers", &QncclBackend::releaseScratch,
            py::call_guard<py::gil_scoped_release>())
       .def("reset_stats", &QncclBackend::resetStats)

@@ -400,14 +400,14 @@ void registerTesting(py::module& m, py::object backendBase) {
   // the tuner (plan/tuning.h): its decision rule, and per-rank timings skewed on purpose
   m.def(
       "tune_candidates",
-      [](int world, bool streamOrdered) {
+      [](int world, bool streamOrdered, int32_t collective) {
         std::vector<std::string> out;
-        for (const TuneChoice& c : tuneCandidates(world, streamOrdered)) {
+        for (const TuneChoice& c : tuneCandidates(world, streamOrdered, collective)) {
           out.push_back(choiceName(c));
         }
         return out;
       },
-      py::arg("world"), py::arg("stream_ordered") = false);
+      py::arg("world"), py::arg("stream_ordered") = false, py::arg("collective") = 0);
   m.def("tune_decide", &decideTuning, py::arg("seconds"), py::arg("margin"));
   // the call fingerprint the CUDA-IPC barrier compares (plan.h planFingerprint), of the plan a
   // call of `numel` elements of `dtype` would have on `world` ranks

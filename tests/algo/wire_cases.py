@@ -8,7 +8,8 @@ collectives. For each case and rank the fixture holds a digest of the output's b
 of the sorted wire log. Two paths run: the backend's allreduce (what dist.all_reduce does on CPU
 tensors), and the collective schedule that CUDA tensors take (NCCL's shape, here over Gloo).
 Quantized reduce-scatters and all-gathers (the backend's _reduce_scatter_base and
-_allgather_base) follow, appended after the allreduces so that those keep their inputs.
+_allgather_base) follow, appended after the allreduces so that those keep their inputs, and the
+rotated ones (each shard padded to whole groups) after them.
 
     python tests/algo/wire_cases.py --record   # rewrite the fixture: only when a change is
                                                # meant to change the wire (say so in the commit)
@@ -105,6 +106,37 @@ def cases():
             rs_name = name + f" stochastic={cfg['stochastic_rounding']} op={op} reduce_scatter"
             out.append((rs_name, world, "reduce_scatter", cfg, dtype, shard * world, op))
             if algo == "two_step":  # the all-gather has one schedule
+                in_place = bool(i % 2)
+                ag_name = name + f" in_place={in_place} all_gather"
+                out.append((ag_name, world, "all_gather", cfg, dtype, shard * world, in_place))
+    # sharded and rotated (appended after the unrotated ones, so that those keep their inputs):
+    # each shard padded to whole groups; 4 bits with rotate unset (on), 8 bits with rotate=True
+    for world in WORLDS:
+        for i, (algo, dtype, shard) in enumerate(
+            itertools.product(ALGOS, (torch.float32, torch.bfloat16), (31, 129, 1000))
+        ):
+            if (i + world) % 2:
+                continue
+            bits, rotate = ((4, None), (8, True))[(i // 2) % 2]
+            cfg = dict(
+                algorithm=algo,
+                rs_bits=bits,
+                ag_bits=bits,
+                min_bytes=0,
+                microshards=(1, 3, 4)[(i // 2 + world) % 3],
+                symmetric=bool((i // 3) % 2),
+                stochastic_rounding=bool((i // 5) % 2),
+                rotate=rotate,
+                reduce_scatter=True,
+                all_gather=True,
+            )
+            name = f"W{world} {algo} {bits} {str(dtype)[6:]} shard={shard} rotate={rotate} " + (
+                " ".join(f"{k}={cfg[k]}" for k in ("microshards", "symmetric"))
+            )
+            op = ("sum", "avg", "premul")[i % 3]
+            rs_name = name + f" stochastic={cfg['stochastic_rounding']} op={op} reduce_scatter"
+            out.append((rs_name, world, "reduce_scatter", cfg, dtype, shard * world, op))
+            if algo == "two_step":
                 in_place = bool(i % 2)
                 ag_name = name + f" in_place={in_place} all_gather"
                 out.append((ag_name, world, "all_gather", cfg, dtype, shard * world, in_place))

@@ -133,7 +133,8 @@ def test_the_cache_is_written_then_loaded_instead_of_measuring(tmp_path):
     assert [c for _, c, _ in first] == [1, 1]
     assert first[0][2] == env["QCOMM_TUNE_FILE"] and first[1][2] == ""  # rank 0 writes
     doc = json.load(open(env["QCOMM_TUNE_FILE"]))
-    assert doc["format"] == 1 and doc["key"]["world"] == 2 and len(doc["entries"]) == 1
+    assert doc["format"] == 2 and doc["key"]["world"] == 2 and len(doc["entries"]) == 1
+    assert doc["entries"][0]["collective"] == "all_reduce"
     second = run_ranks(_cache_worker, 2, env=env)
     for table, measured, _ in second:
         assert measured == 0
@@ -164,7 +165,7 @@ def test_read_cache_says_why_a_file_is_not_trusted(tmp_path):
     open(path, "w").write("not json")
     assert "cannot be read" in _tuning.read_cache(path, key)[1]
     json.dump({"format": 7, "key": key, "entries": []}, open(path, "w"))
-    assert "format 1" in _tuning.read_cache(path, key)[1]
+    assert "format 1 or 2" in _tuning.read_cache(path, key)[1]
     json.dump(
         {"format": 1, "key": {"world": 4, "hosts": ["a", "a"]}, "entries": []}, open(path, "w")
     )
@@ -176,13 +177,21 @@ def test_read_cache_says_why_a_file_is_not_trusted(tmp_path):
     json.dump({"format": 1, "key": key, "entries": [{**entry, "microshards": 99}]}, open(path, "w"))
     assert "entry 0, field 'microshards'" in _tuning.read_cache(path, key)[1]
     json.dump({"format": 1, "key": key, "entries": [{**entry, "microshards": 4}]}, open(path, "w"))
-    assert _tuning.read_cache(path, key) == ([[0, 20, MIB, 2, 4, []]], None)
+    assert _tuning.read_cache(path, key) == ([[0, 20, MIB, 2, 4, [], 0]], None)
     entry["seconds"] = {"exact": 0.002, "ring/4": 0.001}
     json.dump({"format": 1, "key": key, "entries": [{**entry, "microshards": 4}]}, open(path, "w"))
     assert _tuning.read_cache(path, key) == (
-        [[0, 20, MIB, 2, 4, [[4, 1, 0.002], [2, 4, 0.001]]]],
+        [[0, 20, MIB, 2, 4, [[4, 1, 0.002], [2, 4, 0.001]], 0]],
         None,
     )
+    # format 2 names each entry's collective; format 1's are allreduces
+    for coll, code in (("reduce_scatter", 1), ("all_gather", 2), ("all_reduce", 0)):
+        e2 = {**entry, "microshards": 4, "collective": coll}
+        json.dump({"format": 2, "key": key, "entries": [e2]}, open(path, "w"))
+        assert _tuning.read_cache(path, key)[0][0][-1] == code
+    bad = {**entry, "microshards": 4, "collective": "bcast"}
+    json.dump({"format": 2, "key": key, "entries": [bad]}, open(path, "w"))
+    assert "entry 0, field 'collective'" in _tuning.read_cache(path, key)[1]
 
 
 def _explicit_worker(rank, world):

@@ -14,6 +14,8 @@ def tune_env(tmp_path, **extra):
     return env
 
 
-def factors_for(name, world=2):
-    """Timing factors that make candidate `name` look 1000x faster than every other."""
-    return [0.001 if c == name else 1.0 for c in _C._testing.tune_candidates(world)]
+def factors_for(name, world=2, collective=0):
+    """Timing factors that make candidate `name` of `collective` (0 allreduce, 1 reduce-scatter,
+    2 all-gather) look 1000x faster than every other."""
+    cands = _C._testing.tune_candidates(world, False, collective)
+    return [0.001 if c == name else 1.0 for c in cands]
