@@ -52,26 +52,24 @@ void forElems(int64_t n, F&& f) {
 //
 // Deterministic encodes of the common group sizes take codec_cpu_groups.h's fixed-size loops (the
 // same bytes, vectorized); stochastic rounding and other sizes take codec.h's per-group functions.
-// kRcp: whether those loops divide by the scale with codec.h divideByScale (needs FMA).
-template <bool kRcp, bool kRotate>
+template <bool kRotate>
 QCOMM_ALWAYS_INLINE bool encodeRangeFast(const void* x, int32_t dtype, int64_t n,
                                          const CodecSpec& c, int64_t g0, int64_t g1, uint8_t* dst,
                                          const Noise& noise) {
   if (noise.on) return false;
   switch (dtype) {
     case kFloat32:
-      return cpu::encodeGroupsFast<kRcp, kRotate>(static_cast<const float*>(x), n, c, g0, g1, dst);
+      return cpu::encodeGroupsFast<kRotate>(static_cast<const float*>(x), n, c, g0, g1, dst);
     case kFloat16:
-      return cpu::encodeGroupsFast<kRcp, kRotate>(static_cast<const fp16_t*>(x), n, c, g0, g1, dst);
+      return cpu::encodeGroupsFast<kRotate>(static_cast<const fp16_t*>(x), n, c, g0, g1, dst);
     default:
-      return cpu::encodeGroupsFast<kRcp, kRotate>(static_cast<const bf16_t*>(x), n, c, g0, g1, dst);
+      return cpu::encodeGroupsFast<kRotate>(static_cast<const bf16_t*>(x), n, c, g0, g1, dst);
   }
 }
 
-template <bool kRcp>
 QCOMM_ALWAYS_INLINE void encodeRange(const void* x, int32_t dtype, int64_t n, const CodecSpec& c,
                                      int64_t g0, int64_t g1, uint8_t* dst, const Noise& noise) {
-  if (encodeRangeFast<kRcp, false>(x, dtype, n, c, g0, g1, dst, noise)) return;
+  if (encodeRangeFast<false>(x, dtype, n, c, g0, g1, dst, noise)) return;
   switch (dtype) {
     case kFloat32:
       for (int64_t g = g0; g < g1; ++g)
@@ -98,11 +96,10 @@ QCOMM_ALWAYS_INLINE void decodeRange(const uint8_t* src, int64_t n, const CodecS
 
 // The rotated forms (codec.h encodeRotatedGroup, decodeRotatedGroup, rotateGroupInto): whole
 // groups, each rotated in a local buffer between the message and the quantizer.
-template <bool kRcp>
 QCOMM_ALWAYS_INLINE void encodeRotatedRange(const void* x, int32_t dtype, int64_t n,
                                             const CodecSpec& c, int64_t g0, int64_t g1,
                                             uint8_t* dst, const Noise& noise) {
-  if (encodeRangeFast<kRcp, true>(x, dtype, n, c, g0, g1, dst, noise)) return;
+  if (encodeRangeFast<true>(x, dtype, n, c, g0, g1, dst, noise)) return;
   switch (dtype) {
     case kFloat32:
       for (int64_t g = g0; g < g1; ++g)
@@ -157,19 +154,20 @@ using DecodeRotatedRangeFn = void (*)(const uint8_t*, int64_t, const CodecSpec&,
                                       float*);
 using RotateRangeFn = void (*)(const void*, int32_t, int, int64_t, int64_t, float*);
 
-#define QCOMM_GROUP_LOOPS(NAME, TARGET, RCP)                                                     \
-  TARGET void encodeRange##NAME(const void* x, int32_t dtype, int64_t n, const CodecSpec& c,     \
-                                int64_t g0, int64_t g1, uint8_t* dst, const Noise& noise) {      \
-    encodeRange<RCP>(x, dtype, n, c, g0, g1, dst, noise);                                        \
+#define QCOMM_GROUP_LOOPS(NAME, TARGET, ENCODE_TARGET)                                           \
+  ENCODE_TARGET void encodeRange##NAME(const void* x, int32_t dtype, int64_t n,                  \
+                                       const CodecSpec& c, int64_t g0, int64_t g1, uint8_t* dst, \
+                                       const Noise& noise) {                                     \
+    encodeRange(x, dtype, n, c, g0, g1, dst, noise);                                             \
   }                                                                                              \
   TARGET void decodeRange##NAME(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0,   \
                                 int64_t g1, float* out, bool accumulate) {                       \
     decodeRange(src, n, c, g0, g1, out, accumulate);                                             \
   }                                                                                              \
-  TARGET void encodeRotatedRange##NAME(const void* x, int32_t dtype, int64_t n,                  \
-                                       const CodecSpec& c, int64_t g0, int64_t g1, uint8_t* dst, \
-                                       const Noise& noise) {                                     \
-    encodeRotatedRange<RCP>(x, dtype, n, c, g0, g1, dst, noise);                                 \
+  ENCODE_TARGET void encodeRotatedRange##NAME(const void* x, int32_t dtype, int64_t n,           \
+                                              const CodecSpec& c, int64_t g0, int64_t g1,        \
+                                              uint8_t* dst, const Noise& noise) {                \
+    encodeRotatedRange(x, dtype, n, c, g0, g1, dst, noise);                                      \
   }                                                                                              \
   TARGET void decodeRotatedRange##NAME(const uint8_t* src, int64_t n, const CodecSpec& c,        \
                                        int64_t g0, int64_t g1, float* out) {                     \
@@ -180,11 +178,7 @@ using RotateRangeFn = void (*)(const void*, int32_t, int, int64_t, int64_t, floa
     rotateRange(x, dtype, groupSize, g0, g1, out);                                               \
   }
 
-// RCP (divideByScale instead of the division, in the fixed-size loops): on AVX-512 only. The
-// baseline has no FMA (fmaf is a library call there); on AVX2 the division measured faster (10.2
-// against 8.9 GB/s, fp32 8-bit asymmetric g128, one core of the dev VM's Xeon, a standalone
-// harness, interleaved medians), on AVX-512 slightly slower (11.4 against 12.1).
-QCOMM_GROUP_LOOPS(Generic, , false)
+QCOMM_GROUP_LOOPS(Generic, , )
 
 struct GroupLoops {
   const char* name;
@@ -199,9 +193,15 @@ struct GroupLoops {
 bool always() { return true; }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-QCOMM_GROUP_LOOPS(Avx2, __attribute__((target("avx2,fma,bmi2"))), false)
-QCOMM_GROUP_LOOPS(Avx512,
-                  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2"))), true)
+#define QCOMM_AVX2 "avx2,fma,bmi2"
+#define QCOMM_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2"
+// The AVX-512 encoders with AVX-512 instructions on 256-bit vectors: the fixed-size loops'
+// reductions end in a horizontal step per group, which a 512-bit vector makes longer; measured
+// (fp32 4-bit asymmetric, one core of the dev VM's Xeon, a standalone harness, interleaved medians)
+// g32 7.2 against 4.5 GB/s, g128 10.9 against 10.8.
+QCOMM_GROUP_LOOPS(Avx2, __attribute__((target(QCOMM_AVX2))), __attribute__((target(QCOMM_AVX2))))
+QCOMM_GROUP_LOOPS(Avx512, __attribute__((target(QCOMM_AVX512))),
+                  __attribute__((target(QCOMM_AVX512 ",prefer-vector-width=256"))))
 
 bool hasAvx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&

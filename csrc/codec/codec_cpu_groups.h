@@ -11,9 +11,10 @@
 //   * groupParams and the quantizer loops see the group size G as a constant: fixed trip counts,
 //     no tails, which the compiler unrolls and vectorizes at the width of the instruction set the
 //     caller is compiled for (codec_cpu.cpp);
-//   * where the CPU has FMA (kRcp), the division by the scale is codec.h's divideByScale (a
-//     reciprocal per group and two FMA corrections), which equals the IEEE division bit for bit
-//     for scales in fastScaleRange; other scales, and CPUs without FMA, keep the division;
+//   * the division by the scale stays an IEEE division: codec.h's divideByScale (a reciprocal
+//     per group and two FMA corrections, bit-identical for scales in fastScaleRange) measured
+//     slower here with AVX2 and AVX-512 (8.9 against 10.2 GB/s and 9.7 against 11.3, fp32 8-bit
+//     asymmetric g128, one core of the dev VM's Xeon; the vector division is cheap on it);
 //   * the clamp and the rounding are quantizeScaled's (ternary clamps, roundHalfEven), with no
 //     branch per element: non-finite and constant groups are decided once per group, as in
 //     encodeGroupValues;
@@ -31,19 +32,18 @@
 namespace qcomm {
 namespace cpu {
 
-// t = (v - mid) / scale + L/2 or v / scale (the division's IEEE result either way: divideByScale
-// with the correctly rounded reciprocal, for a scale in fastScaleRange), clamped and rounded as
-// quantizeScaled does. Returns the rounded code as a float, in [-qmax, qmax] or [0, L].
-template <int kBits, bool kSym, bool kRcp>
-QCOMM_ALWAYS_INLINE float roundedCode(float v, const GroupParams& p, float rcp) {
+// quantizeScaled's t = (v - mid) / scale + L/2 or v / scale, clamped and rounded as it does, as a
+// float code in [-qmax, qmax] or [0, L].
+template <int kBits, bool kSym>
+QCOMM_ALWAYS_INLINE float roundedCode(float v, const GroupParams& p) {
   if (kSym) {
     const float qmax = qmaxSym(kBits);
-    float t = kRcp ? divideByScale(v, p.scale, rcp) : v / p.scale;
+    float t = v / p.scale;
     t = t < -qmax ? -qmax : (t > qmax ? qmax : t);
     return roundHalfEven(t);
   }
   const float levels = levelsAsym(kBits);
-  float t = kRcp ? asymLine(v, p, rcp, levels) : (v - p.mid) / p.scale + levels * 0.5f;
+  float t = (v - p.mid) / p.scale + levels * 0.5f;
   t = t < 0.0f ? 0.0f : (t > levels ? levels : t);
   return roundHalfEven(t);
 }
@@ -89,9 +89,9 @@ QCOMM_ALWAYS_INLINE GroupParams groupParamsFixed(const float* v) {
 // codes[i] = the stored code of v[i] (quantizeScaled's), for a group of G finite values with
 // finite, nonzero parameters. Symmetric codes are two's complement, masked to kBits by the
 // narrowing (8 bits) or by the packing (4 bits).
-template <int kBits, bool kSym, bool kRcp, int G>
-QCOMM_ALWAYS_INLINE void codesOf(const float* v, const GroupParams& p, float rcp, uint8_t* codes) {
-  for (int i = 0; i < G; ++i) codes[i] = uint8_t(int(roundedCode<kBits, kSym, kRcp>(v[i], p, rcp)));
+template <int kBits, bool kSym, int G>
+QCOMM_ALWAYS_INLINE void codesOf(const float* v, const GroupParams& p, uint8_t* codes) {
+  for (int i = 0; i < G; ++i) codes[i] = uint8_t(int(roundedCode<kBits, kSym>(v[i], p)));
 }
 
 // The group's G values as fp32: fp32 input in place, 16-bit input widened into buf (codec.h
@@ -121,7 +121,7 @@ QCOMM_ALWAYS_INLINE BlockLayout blockLayout(uint8_t* block, int64_t n, const Cod
 
 // Encode the full group g (G elements at in), deterministic rounding: the bytes of
 // encodeGroupValues<kBits, kSym>(in, G, n, c, g, block, no noise).
-template <int kBits, bool kSym, bool kRcp, int G, class T>
+template <int kBits, bool kSym, int G, class T>
 QCOMM_ALWAYS_INLINE void encodeFullGroup(const T* in, int64_t g, const BlockLayout& at) {
   float buf[G];
   const float* v = groupFloats<G>(in, buf);
@@ -135,22 +135,12 @@ QCOMM_ALWAYS_INLINE void encodeFullGroup(const T* in, int64_t g, const BlockLayo
     for (int i = 0; i < G * kBits / 8; ++i) out[i] = byte;
     return;
   }
-  const float rcp = 1.0f / p.scale;
-  const bool fast = kRcp && fastScaleRange(p.scale);
   if (kBits == 8) {
-    if (fast) {
-      codesOf<8, kSym, kRcp, G>(v, p, rcp, out);
-    } else {
-      codesOf<8, kSym, false, G>(v, p, rcp, out);
-    }
+    codesOf<8, kSym, G>(v, p, out);
     return;
   }
   uint8_t codes[G];
-  if (fast) {
-    codesOf<4, kSym, kRcp, G>(v, p, rcp, codes);
-  } else {
-    codesOf<4, kSym, false, G>(v, p, rcp, codes);
-  }
+  codesOf<4, kSym, G>(v, p, codes);
   // the even element in the low nibble
   for (int i = 0; i < G / 2; ++i) {
     out[i] = uint8_t((codes[2 * i] & 0xfu) | ((codes[2 * i + 1] & 0xfu) << 4));
@@ -160,7 +150,7 @@ QCOMM_ALWAYS_INLINE void encodeFullGroup(const T* in, int64_t g, const BlockLayo
 // Encode groups g0..g1 of x[0..n): full groups of G through encodeFullGroup, a short last group
 // through encodeGroupValues. kRotate: each group rotated first (codec.h rotateGroupInto; rotated
 // blocks hold whole groups), the bytes of encodeRotatedGroup.
-template <int kBits, bool kSym, bool kRcp, bool kRotate, int G, class T>
+template <int kBits, bool kSym, bool kRotate, int G, class T>
 QCOMM_ALWAYS_INLINE void encodeGroupsFixed(const T* x, int64_t n, const CodecSpec& c, int64_t g0,
                                            int64_t g1, uint8_t* block) {
   const BlockLayout at = blockLayout(block, n, c);
@@ -170,9 +160,9 @@ QCOMM_ALWAYS_INLINE void encodeGroupsFixed(const T* x, int64_t n, const CodecSpe
     if (kRotate) {
       float rotated[G];
       rotateGroupInto(x + g * G, G, rotated);
-      encodeFullGroup<kBits, kSym, kRcp, G>(static_cast<const float*>(rotated), g, at);
+      encodeFullGroup<kBits, kSym, G>(static_cast<const float*>(rotated), g, at);
     } else {
-      encodeFullGroup<kBits, kSym, kRcp, G>(x + g * G, g, at);
+      encodeFullGroup<kBits, kSym, G>(x + g * G, g, at);
     }
   }
   for (int64_t g = end > g0 ? end : g0; g < g1; ++g) {
@@ -181,27 +171,27 @@ QCOMM_ALWAYS_INLINE void encodeGroupsFixed(const T* x, int64_t n, const CodecSpe
 }
 
 // The group-size dispatch; false for a size without a specialisation (the caller falls back).
-template <int kBits, bool kSym, bool kRcp, bool kRotate, class T>
+template <int kBits, bool kSym, bool kRotate, class T>
 QCOMM_ALWAYS_INLINE bool encodeGroupsBySize(const T* x, int64_t n, const CodecSpec& c, int64_t g0,
                                             int64_t g1, uint8_t* block) {
   switch (c.groupSize) {
     case 32:
-      encodeGroupsFixed<kBits, kSym, kRcp, kRotate, 32>(x, n, c, g0, g1, block);
+      encodeGroupsFixed<kBits, kSym, kRotate, 32>(x, n, c, g0, g1, block);
       return true;
     case 64:
-      encodeGroupsFixed<kBits, kSym, kRcp, kRotate, 64>(x, n, c, g0, g1, block);
+      encodeGroupsFixed<kBits, kSym, kRotate, 64>(x, n, c, g0, g1, block);
       return true;
     case 128:
-      encodeGroupsFixed<kBits, kSym, kRcp, kRotate, 128>(x, n, c, g0, g1, block);
+      encodeGroupsFixed<kBits, kSym, kRotate, 128>(x, n, c, g0, g1, block);
       return true;
     case 256:
-      encodeGroupsFixed<kBits, kSym, kRcp, kRotate, 256>(x, n, c, g0, g1, block);
+      encodeGroupsFixed<kBits, kSym, kRotate, 256>(x, n, c, g0, g1, block);
       return true;
     case 512:
-      encodeGroupsFixed<kBits, kSym, kRcp, kRotate, 512>(x, n, c, g0, g1, block);
+      encodeGroupsFixed<kBits, kSym, kRotate, 512>(x, n, c, g0, g1, block);
       return true;
     case 1024:
-      encodeGroupsFixed<kBits, kSym, kRcp, kRotate, 1024>(x, n, c, g0, g1, block);
+      encodeGroupsFixed<kBits, kSym, kRotate, 1024>(x, n, c, g0, g1, block);
       return true;
     default:
       return false;
@@ -211,15 +201,15 @@ QCOMM_ALWAYS_INLINE bool encodeGroupsBySize(const T* x, int64_t n, const CodecSp
 // Encode groups g0..g1 of x[0..n) (rotated: each group rotated first) with deterministic
 // rounding through the fixed-size loops; false (nothing written) for a group size they do not
 // cover.
-template <bool kRcp, bool kRotate, class T>
+template <bool kRotate, class T>
 QCOMM_ALWAYS_INLINE bool encodeGroupsFast(const T* x, int64_t n, const CodecSpec& c, int64_t g0,
                                           int64_t g1, uint8_t* block) {
   if (c.bits == 8) {
-    return c.symmetric ? encodeGroupsBySize<8, true, kRcp, kRotate>(x, n, c, g0, g1, block)
-                       : encodeGroupsBySize<8, false, kRcp, kRotate>(x, n, c, g0, g1, block);
+    return c.symmetric ? encodeGroupsBySize<8, true, kRotate>(x, n, c, g0, g1, block)
+                       : encodeGroupsBySize<8, false, kRotate>(x, n, c, g0, g1, block);
   }
-  return c.symmetric ? encodeGroupsBySize<4, true, kRcp, kRotate>(x, n, c, g0, g1, block)
-                     : encodeGroupsBySize<4, false, kRcp, kRotate>(x, n, c, g0, g1, block);
+  return c.symmetric ? encodeGroupsBySize<4, true, kRotate>(x, n, c, g0, g1, block)
+                     : encodeGroupsBySize<4, false, kRotate>(x, n, c, g0, g1, block);
 }
 
 }  // namespace cpu
