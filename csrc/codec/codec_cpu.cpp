@@ -350,6 +350,46 @@ void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, 
                  [&](int64_t g0, int64_t g1) { decode(src, n, c, g0, g1, out, accumulate); });
 }
 
+// Elements per piece of the fused hop: a multiple of every group size (1024 at most), and 64 KiB
+// of fp32 partial sums, which stay in L2 between the decode and the encode.
+constexpr int64_t kHopPieceElems = 1 << 14;
+
+void decodeAddEncodeBlock(const uint8_t* src, const CodecSpec& in, const void* local,
+                          int32_t localDtype, int64_t n, float* partial, const CodecSpec& out,
+                          uint8_t* dst, const Noise& noise) {
+  if (n == 0) return;
+  if (in.bits == 0 || out.bits == 0) {
+    // a raw phase: the two passes (decode with add, then encode)
+    const bool inPlace = localDtype == kFloat32 && static_cast<const void*>(partial) == local;
+    decodeBlock(src, n, in, partial, inPlace);
+    if (!inPlace) addToFloat(local, localDtype, n, partial);
+    encodeBlock(partial, kFloat32, n, out, dst, noise);
+    return;
+  }
+  const int64_t meta = metaBytes(n, out);
+  std::memset(dst + meta, 0, size_t(dataOffset(n, out) - meta));
+  const GroupLoops& loops = groupLoops();
+  const bool inPlace = localDtype == kFloat32 && static_cast<const void*>(partial) == local;
+  const int64_t pieces = (n + kHopPieceElems - 1) / kHopPieceElems;
+  at::parallel_for(0, pieces, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t e0 = k * kHopPieceElems;
+      const int64_t e1 = std::min(n, e0 + kHopPieceElems);
+      // partial[e0..e1) = decoded + local, in that order (CodecOps::decodeAdd's bits), then the
+      // same elements encoded while they are in cache; pieces hold whole groups of both codecs
+      loops.decode(src, n, in, e0 / in.groupSize, (e1 + in.groupSize - 1) / in.groupSize, partial,
+                   inPlace);
+      if (!inPlace) {
+        withElements(local, localDtype, [&](auto* x) {
+          for (int64_t i = e0; i < e1; ++i) partial[i] = partial[i] + toFloat(x[i]);
+        });
+      }
+      loops.encode(partial, kFloat32, n, out, e0 / out.groupSize,
+                   (e1 + out.groupSize - 1) / out.groupSize, dst, noise);
+    }
+  });
+}
+
 std::vector<std::string> cpuIsas() {
   std::vector<std::string> out;
   for (int i = 0; i < kNumLoops; ++i) {

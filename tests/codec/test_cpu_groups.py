@@ -128,3 +128,33 @@ def test_every_instruction_set_gives_the_generic_bytes(isa):
         finally:
             _C._testing.set_cpu_isa(isa)
         assert torch.equal(b, want), f"{isa} {dtype} {bits}b sym={sym} g={g}"
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_fused_hop_matches_reference_across_pieces(isa):
+    # CpuCodecOps.decodeAddEncode decodes, adds and encodes piece by piece (16384 elements): a
+    # message of several pieces and a short last group gives the bits of the three passes
+    n = 3 * 16384 + 1000 + 7
+    for (ib, ob), dtype, sym, stochastic in itertools.product(
+        [(8, 8), (4, 4), (8, 4)], [torch.float32, torch.bfloat16], [False, True], [False, True]
+    ):
+        gen = torch.Generator().manual_seed(ib + ob + sym)
+        received = _values(n, 128, seed=ib)
+        local = (torch.randn(n, generator=gen) * 2).to(dtype)
+        cin, cout = ref.Codec(ib, 128, sym, dtype), ref.Codec(ob, 128, sym, dtype)
+        src = ref.encode_bytes(received, cin)
+        noise = (ref.noise_salt(9, 0, 0), 123) if stochastic else None
+        partial, dst = _C._testing.codec_ops_hop(
+            src,
+            ib,
+            local,
+            ob,
+            128,
+            sym,
+            None if noise is None else noise[0],
+            0 if noise is None else noise[1],
+        )
+        want = _C._testing.codec_decode(src, n, ib, 128, sym) + local.float()
+        case = f"{isa} {ib}->{ob} {dtype} sym={sym} stochastic={stochastic}"
+        assert same_floats(partial, want), f"{case}: partial sums"
+        assert torch.equal(dst, ref.encode_bytes(want, cout, noise)), f"{case}: wire bytes"
