@@ -3,6 +3,7 @@ allreduce.
 
     .venv/bin/python benchmarks/codec_throughput.py                 # the tables and the profile
     .venv/bin/python benchmarks/codec_throughput.py --no-allreduce  # the codec tables (~30 s)
+    .venv/bin/python benchmarks/codec_throughput.py --one-core      # per instruction set, vs copy
 
 1. Codec microbenchmark, one thread (``torch.set_num_threads(1)``), through
    ``qcomm._C._testing.codec_encode`` and ``qcomm._C._testing.codec_decode``: encode and decode
@@ -172,6 +173,113 @@ def microbench(opts) -> list:
                     )
             del x, out, pre
     return rows
+
+
+# The cases of --one-core: (input dtype, bits, group size), asymmetric (the default codec).
+ONE_CORE_CASES = [
+    ("fp32", 8, 128),
+    ("bf16", 8, 128),
+    ("fp32", 4, 32),
+    ("fp32", 4, 128),
+    ("bf16", 4, 32),
+]
+
+
+def one_core_bench(opts) -> list:
+    """Encode, decode, one ring hop and a copy of the same input bytes, one thread, per instruction
+    set, interleaved: each of --rounds rounds times every (size, case, isa) once (a median of
+    calls over --min-time), so a change in the machine's load hits every column alike. Returns
+    rows with the per-round GB/s of each column."""
+    import torch
+
+    from qcomm import _C
+
+    rows = {}
+    gen = torch.Generator().manual_seed(77)
+    data = {}
+    for size in opts.sizes:
+        base = torch.randn(size // 4, generator=gen) * 2 + 0.1
+        for dname, bits, gs in ONE_CORE_CASES:
+            dtype = getattr(torch, bench.DTYPES[dname])
+            n = size // bench.ELEM_BYTES[dname]
+            x = base.to(dtype) if dname == "fp32" else torch.randn(n, generator=gen).to(dtype)
+            enc = _C._testing.codec_encode(x, bits, gs, False)
+            data[(size, dname, bits, gs)] = (x, enc, torch.empty_like(x))
+    for r in range(opts.rounds):
+        for (size, dname, bits, gs), (x, enc, out) in data.items():
+            n = x.numel()
+            nbytes = enc.numel()
+            zeros_s = timeit(lambda nb=nbytes: torch.zeros(nb, dtype=torch.uint8), opts.min_time)
+            copy_s = timeit(lambda out=out, x=x: out.copy_(x), opts.min_time)
+            # a fresh fp32 output's first touch (decode's output, the hop's partial sums)
+            pre = torch.empty(n, dtype=torch.float32)
+            fresh_s = timeit(
+                lambda n=n: torch.empty(n, dtype=torch.float32).fill_(0), opts.min_time
+            )
+            fp32_alloc_s = max(0.0, fresh_s - timeit(lambda pre=pre: pre.fill_(0), opts.min_time))
+            del pre
+            for isa in opts.isas:
+                before = _C._testing.set_cpu_isa(isa)
+                try:
+                    enc_s = timeit(
+                        lambda x=x, b=bits, g=gs: _C._testing.codec_encode(x, b, g, False),
+                        opts.min_time,
+                    )
+                    dec_s = timeit(
+                        lambda e=enc, n=n, b=bits, g=gs: _C._testing.codec_decode(
+                            e, n, b, g, False
+                        ),
+                        opts.min_time,
+                    )
+                    hop_s = timeit(
+                        lambda e=enc, x=x, b=bits, g=gs: _C._testing.codec_ops_hop(
+                            e, b, x, b, g, False
+                        ),
+                        opts.min_time,
+                    )
+                finally:
+                    _C._testing.set_cpu_isa(before)
+                row = rows.setdefault(
+                    (size, dname, bits, gs, isa),
+                    dict(
+                        size=size,
+                        dtype=dname,
+                        bits=bits,
+                        group=gs,
+                        isa=isa,
+                        enc=[],
+                        dec=[],
+                        hop=[],
+                        copy=[],
+                    ),
+                )
+                row["enc"].append(gbps(size, max(enc_s - zeros_s, 1e-12)))
+                row["dec"].append(gbps(size, max(dec_s - fp32_alloc_s, 1e-12)))
+                row["hop"].append(gbps(size, max(hop_s - fp32_alloc_s, 1e-12)))
+                row["copy"].append(gbps(size, copy_s))
+        print(f"[one-core] round {r + 1}/{opts.rounds} done", file=sys.stderr, flush=True)
+    return list(rows.values())
+
+
+def one_core_table(rows: list) -> str:
+    """Median GB/s (min-max over rounds) per column, and encode over copy."""
+
+    def cell(v):
+        return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+
+    lines = [
+        "| size | input | bits | group | isa | encode GB/s | decode GB/s | hop GB/s | copy GB/s "
+        "| encode/copy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = statistics.median(r["enc"]) / statistics.median(r["copy"])
+        lines.append(
+            f"| {bench.size_label(r['size'])} | {r['dtype']} | {r['bits']} | {r['group']} | "
+            f"{r['isa']} | {cell(r['enc'])} | {cell(r['dec'])} | {cell(r['hop'])} | "
+            f"{cell(r['copy'])} | {ratio:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def rotation_bench(opts) -> list:
@@ -443,7 +551,16 @@ def main(argv=None) -> int:
         help="only the rotated codec against the plain one, interleaved (rotate=True's cost)",
     )
     ap.add_argument(
-        "--rounds", type=int, default=5, help="interleaved rounds of --rotation (default 5)"
+        "--rounds",
+        type=int,
+        default=5,
+        help="interleaved rounds of --rotation and --one-core (default 5)",
+    )
+    ap.add_argument(
+        "--one-core",
+        action="store_true",
+        help="only encode, decode, a ring hop and a copy of the same bytes, per instruction set, "
+        "interleaved over --rounds (fp32/bf16 8-bit g128, 4-bit g32 and g128, asymmetric)",
     )
     opts = ap.parse_args(argv)
 
@@ -476,6 +593,25 @@ def main(argv=None) -> int:
         + " ".join(f"{x:.2f}" for x in os.getloadavg()),
         flush=True,
     )
+    if opts.one_core:
+        if not opts.isas:
+            opts.isas = [_C.cpu_isa()]
+        rows = one_core_bench(opts)
+        print(
+            f"\n## The CPU codec on one core, per instruction set ({opts.rounds} interleaved "
+            "rounds; median GB/s of input bytes and its range over rounds, asymmetric)\n"
+        )
+        print(one_core_table(rows), flush=True)
+        print(
+            "\nencode: codec_encode minus its output allocation (torch.zeros of the encoded size, "
+            "timed in the same round); decode: codec_decode, minus a fresh fp32 output's first "
+            "touch (torch.empty(n).fill_(0) minus fill_ into a reused tensor, same round); hop: "
+            "codec_ops_hop (decode + add the local input + encode, bits in = out), minus the same "
+            "first touch of its fp32 partial sums; "
+            "copy: out.copy_(x) of the same input bytes into a reused tensor, one thread."
+        )
+        print(f"\n# {time.perf_counter() - start:.0f} s", flush=True)
+        return 0
     if opts.rotation:
         rows = rotation_bench(opts)
         print(

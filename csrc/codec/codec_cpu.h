@@ -18,6 +18,13 @@ void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, ui
 // Decode an encoded block of n elements into fp32: out = x^ (or out += x^ with accumulate).
 void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, bool accumulate);
 
+// One ring hop (CodecOps::decodeAddEncode): partial = decode(src) + float(local), then dst =
+// encode(partial), the same bits as the three calls, done piece by piece so that each piece of
+// partial is encoded while it is still in cache. partial may be local (fp32).
+void decodeAddEncodeBlock(const uint8_t* src, const CodecSpec& in, const void* local,
+                          int32_t localDtype, int64_t n, float* partial, const CodecSpec& out,
+                          uint8_t* dst, const Noise& noise);
+
 // acc[i] += float(x[i]) for x of `dtype`.
 void addToFloat(const void* x, int32_t dtype, int64_t n, float* acc);
 

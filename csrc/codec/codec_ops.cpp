@@ -20,8 +20,7 @@ void CpuCodecOps::decode(const uint8_t* src, int64_t n, const CodecSpec& spec, f
 void CpuCodecOps::decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,
                                   int32_t localDtype, int64_t n, float* partial,
                                   const CodecSpec& out, uint8_t* dst, const Noise& noise) {
-  decodeAdd(src, in, local, localDtype, n, partial);
-  encodeBlock(partial, kFloat32, n, out, dst, noise);
+  decodeAddEncodeBlock(src, in, local, localDtype, n, partial, out, dst, noise);
 }
 
 void CpuCodecOps::addToFloat(const void* x, int32_t dtype, int64_t n, float* acc) {
