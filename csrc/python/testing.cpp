@@ -16,6 +16,7 @@
 #include "algo/algorithms.h"
 #include "backend/backend.h"
 #include "backend/progress.h"
+#include "backend/staging.h"
 #include "codec/codec_cpu.h"
 #include "codec/codec_ops.h"
 #include "common/errors.h"
@@ -190,20 +191,14 @@ at::Tensor collectiveAllreduce(QncclBackend& be, at::Tensor t, bool avg, bool fo
   c10::intrusive_ptr<c10d::Backend> inner = be.inner(t.is_cuda());
   TORCH_CHECK_VALUE(inner, where, "the group has no inner backend for ", t.device());
   const c10::DeviceGuard guard(t.device());
-  at::Tensor buf = t.contiguous();
-  // a rotated message that ends inside a group: a copy padded with zeros to whole groups, as the
-  // backend makes one (on the current stream, for a CUDA tensor)
-  const bool padded = needsPadding(plan);
-  if (padded) buf = paddedCopy(plan, t);
+  // staged as the backend stages a message (backend/staging.h; on the current stream, for a CUDA
+  // tensor)
+  Staged msg(plan, t);
   std::unique_ptr<CodecOps> ops = codecOpsFor(t.device());
   C10dTransport transport(inner.get(), be.getRank(), plan.world, timeout,
                           C10dTransport::kCollectives, t.is_cuda());
-  runAllreduce(plan, transport, *ops, buf);
-  if (padded) {
-    copyUnpadded(plan, buf, t);
-  } else if (!buf.is_same(t)) {
-    t.copy_(buf);
-  }
+  runAllreduce(plan, transport, *ops, msg.data());
+  msg.finish();
   return t;
 }
 
@@ -307,13 +302,14 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
   std::vector<uint8_t*> bufferPtrs;
   for (auto& b : buffers) bufferPtrs.push_back(b.data_ptr<uint8_t>());
   std::vector<std::string> failed(ranks.size());
-  // a rotated message that ends inside a group runs on copies padded with zeros to whole groups
-  // (as the backend's), made before the calls begin and copied back after
+  // staged as the backend stages a message (backend/staging.h: a rotated message that ends inside
+  // a group runs on a copy padded with zeros to whole groups), before the calls begin; the
+  // results are copied back after
+  std::vector<Staged> staged(static_cast<size_t>(world));
   std::vector<at::Tensor> data = inputs;
   for (int r : ranks) {
-    if (needsPadding(plans[size_t(r)])) {
-      data[size_t(r)] = paddedCopy(plans[size_t(r)], inputs[size_t(r)]);
-    }
+    staged[size_t(r)] = Staged(plans[size_t(r)], inputs[size_t(r)]);
+    data[size_t(r)] = staged[size_t(r)].data();
   }
   {
     py::gil_scoped_release noGil;
@@ -362,11 +358,7 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
     }
     for (auto& t : threads) t.join();
   }
-  for (int r : ranks) {
-    if (!data[size_t(r)].is_same(inputs[size_t(r)])) {
-      copyUnpadded(plans[size_t(r)], data[size_t(r)], inputs[size_t(r)]);
-    }
-  }
+  for (int r : ranks) staged[size_t(r)].finish();
   int gaveUp = 0;
   for (const std::string& f : failed) gaveUp += f.empty() ? 0 : 1;
   TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error), " (",
