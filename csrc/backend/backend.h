@@ -339,6 +339,9 @@ class QncclBackend : public c10d::Backend {
                   CodecOps& ops, Scratch* scratch);
   // stats() of a quantized reduce-scatter or all-gather
   void countSharded(const Plan& plan, const ShardedCall& call, int64_t wireBytes);
+  // The CUDA form of the sharded path (backend_cuda.cpp): the allreduce's transport, agreement
+  // and streams (allreduceCuda), the schedule of runSharded.
+  c10::intrusive_ptr<c10d::Work> shardedCuda(const Plan& plan, ShardedCall& call);
   void logSharded(const Plan& plan, const ShardedCall& call);
   // Shadow mode: the inner backend's exact result of the call, on copies of its input.
   at::Tensor exactOf(const ShardedCall& call);

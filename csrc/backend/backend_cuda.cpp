@@ -357,6 +357,104 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::launchCuda(const Plan& plan,
   return c10::make_intrusive<CudaWork>(getRank(), tensors, std::move(done), run, std::move(check));
 }
 
+// A quantized reduce-scatter or all-gather of CUDA tensors (sharded.cpp hands it here once the
+// call is planned and numbered): the allreduce's transport, agreement, streams and Work
+// (allreduceCuda, launchCuda), the reduce half of plan.algorithm or the gather phase alone
+// (runSharded) with the CUDA codec kernels, over CUDA IPC where the group set it up with the
+// separate kernels, else over the inner NCCL backend.
+c10::intrusive_ptr<c10d::Work> QncclBackend::shardedCuda(const Plan& plan, ShardedCall& call) {
+  const at::Tensor& t = call.message;
+  const int device = t.device().index();
+  c10::cuda::CUDAGuard guard(t.device());
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+  const bool capturing = isCapturing(current);
+  if (plan.shadow > 0) {
+    TORCH_WARN_ONCE(prefix(), call.name, ": shadow mode (QuantConfig.shadow) covers host-memory ",
+                    "calls only; this group's quantized CUDA calls are not shadowed");
+  }
+  // as allreduceCuda: an error on this rank alone before the launches takes the abort path of
+  // the IPC transport (its peers may wait in the call's first barrier); a shared one only raises
+  bool shared = false;
+  try {
+    CudaPath& path = cudaPath(device, capturing);
+    const std::string pre = prefix();
+    std::shared_ptr<IpcTransport> ipc = path.ipc;
+    std::function<void()> check = [ipc, pre]() {
+      if (ipc) ipc->checkError(pre);
+    };
+    // the buffers, before the agreement (allreduceCuda says why), on the caller's stream
+    ShardedStage st = stageSharded(plan, call);
+    // the fused experiment runs the allreduce's two_step only: its groups' sharded calls take
+    // the NCCL transport
+    const bool useIpc = ipc && ipc->separate();
+    shared = true;
+    if (!useIpc || checkCalls_) {
+      std::string mismatch = agreeOnQueue(plan, call.timeout);
+      TORCH_CHECK(mismatch.empty(), prefix(), call.name,
+                  ": the ranks disagree on this call: ", mismatch,
+                  ". Every rank must pass the same shapes, dtype and op, and hold the same "
+                  "QuantConfig (qcomm.set_config on every rank).");
+    }
+    check();
+    TORCH_CHECK(useIpc || nccl_, prefix(), call.name, ": no NCCL backend for the ",
+                algoName(plan.algorithm), " algorithm, and CUDA IPC is not set up for this group");
+    shared = false;
+    // async ops and every IPC call on the side stream (launchCuda says why)
+    const bool onSide = call.asyncOp || useIpc;
+    const c10::cuda::CUDAStream run = onSide ? path.side : current;
+    if (onSide) {
+      at::cuda::CUDAEvent ready;
+      ready.record(current);
+      ready.block(run);
+    }
+    int64_t wire = 0;
+    {
+      c10::cuda::CUDAStreamGuard onRun(run);
+      if (onSide) {
+        std::vector<at::Tensor> used = call.outputs;
+        used.insert(used.end(), {call.message, call.shard, st.message.data()});
+        if (st.shard.data().defined()) used.push_back(st.shard.data());
+        for (const at::Tensor& u : used) {
+          if (u.defined() && u.numel() > 0) {
+            c10::cuda::CUDACachingAllocator::recordStream(u.storage().data_ptr(), run);
+          }
+        }
+      }
+      const at::Tensor& result =
+          plan.collective == kReduceScatter ? st.shard.data() : st.message.data();
+      const std::string lead = std::string(collectiveName(plan.collective)) + ": ";
+      if (useIpc) {
+        wire = runSeparateIpc(
+            plan, *ipc, getRank(), result, lead, run, call.timeout, !isCapturing(run),
+            [&](Transport& tr, CodecOps& ops) { runSharded(plan, call, st, tr, ops, nullptr); });
+      } else {
+        C10dTransport tr(nccl_.get(), getRank(), plan.world, call.timeout,
+                         C10dTransport::kCollectives, /*streamOrdered=*/true);
+        std::unique_ptr<CodecOps> ops = makeCudaCodecOps(run.stream());
+        runSharded(plan, call, st, tr, *ops, nullptr);
+        wire = tr.bytesSent();
+      }
+    }
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(run);
+    if (onSide && !call.asyncOp) done->block(current);
+    countSharded(plan, call, wire);
+    return c10::make_intrusive<CudaWork>(getRank(), call.outputs, std::move(done), run,
+                                         std::move(check));
+  } catch (const std::exception& e) {
+    if (!shared && !capturing) {
+      std::shared_ptr<IpcTransport> ipc;
+      {
+        std::lock_guard<std::mutex> lock(cudaMutex_);
+        if (cuda_) ipc = cuda_->ipc;
+      }
+      const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+      if (ipc) ipc->abandon(c10 ? c10->what_without_backtrace() : e.what());
+    }
+    throw;
+  }
+}
+
 }  // namespace qcomm
 
 #endif  // QCOMM_WITH_CUDA

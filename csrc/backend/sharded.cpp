@@ -64,8 +64,16 @@ Plan QncclBackend::planForSharded(int32_t collective, const at::Tensor& message,
     p.quantize = false;
     p.reason = "QCOMM_DISABLE=1: every collective passes through";
   } else if (p.quantize && message.is_cuda()) {
+#ifdef QCOMM_WITH_CUDA
+    // opt-in, as the CUDA allreduce (backend.cpp planFor)
+    if (!settings::flag("QCOMM_CUDA_QUANTIZE")) {
+      p.quantize = false;
+      p.reason = "CUDA tensor: quantizing CUDA collectives is opt-in (QCOMM_CUDA_QUANTIZE=1)";
+    }
+#else
     p.quantize = false;
-    p.reason = "CUDA tensor: reduce_scatter and all_gather are quantized on host tensors only";
+    p.reason = "CUDA tensor: qcomm was built without CUDA";
+#endif
   }
   return p;
 }
@@ -111,6 +119,9 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
   refuseOverlap({call.message, call.shard}, call.name);
   if (call.pack) call.pack(call);
   plan.callSeq = callSeq_++;
+#ifdef QCOMM_WITH_CUDA
+  if (call.message.is_cuda()) return shardedCuda(plan, call);
+#endif
   const int bits = plan.collective == kReduceScatter ? plan.rs.bits : plan.ag.bits;
   const char* title =
       internTitle(std::string("qnccl:") + call.name + " " +
