@@ -38,8 +38,8 @@
 # one capped step per item that has never run on a GPU, the caps adding up to DEADLINE (475 s);
 # then (a)-(h) in what is left, each under its cap (cut to what is left before DEADLINE, skipped
 # with under 15 s left), so the last step ends by DEADLINE + 10 s (485 s), under the 540 s wall
-# limit with ~50 s for the table and packing. (c) runs the codec tests (146 s at 106b711); (d) the IPC tests the
-# plan did not run; (e), the NCCL transport at world size 1, is in the plan.
+# limit with ~50 s for the table and packing. (c) runs the codec tests (146 s at 106b711); (d) the
+# IPC tests the plan did not run; (e), the NCCL transport at world size 1, is in the plan.
 #
 # The device tool brings back at most 8 files from $OUT: logs and intermediate CSVs are written
 # to a scratch folder, so $OUT never holds more than the KEEP files, and on exit they (and any
