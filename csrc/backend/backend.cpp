@@ -22,6 +22,7 @@
 #include "algo/algorithms.h"
 #include "backend/names.h"
 #include "backend/progress.h"
+#include "backend/staging.h"
 #include "backend/work.h"
 #include "codec/codec_cpu.h"
 #include "codec/codec_ops.h"
@@ -515,8 +516,6 @@ std::string QncclBackend::cudaTransportNote() const {
 
 std::string QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
                                           std::chrono::milliseconds timeout, bool count) {
-  // Work on a contiguous buffer; a non-contiguous input gets the result copied back (in place).
-  at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   C10dTransport transport(gloo_.get(), getRank(), getSize(), timeout, C10dTransport::kPointToPoint);
   const std::string mismatch = agreeOnPlan(plan, transport);
   if (!mismatch.empty()) return mismatch;
@@ -528,7 +527,7 @@ std::string QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
   const Clock::time_point shadowStart = Clock::now();
   at::Tensor exact;
   if (shadowed) {
-    exact = buf.clone();
+    exact = tensor.contiguous().clone();
     std::vector<at::Tensor> ts{exact};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
@@ -539,20 +538,19 @@ std::string QncclBackend::runQuantizedCpu(const Plan& plan, at::Tensor& tensor,
   }
   const double shadowSeconds = std::chrono::duration<double>(Clock::now() - shadowStart).count();
   scratch_.begin();
+  // the message the schedule runs on (staging.h): the tensor itself, or its contiguous copy, or
+  // (a rotated message that ends inside a group) its copy padded with zeros to whole groups in
+  // the group's kept buffers; the result is copied back in place
+  at::Tensor storage;
   if (needsPadding(plan)) {
-    // a rotated message ends inside a group: the algorithm runs on a copy padded with zeros to
-    // whole groups, and the caller's elements are copied back
-    at::Tensor storage =
-        scratch_.take(plan.numel * buf.element_size(), buf.options()).view(buf.scalar_type());
-    at::Tensor padded = paddedCopy(plan, buf, storage);
-    runAllreduce(plan, transport, ops, padded, &scratch_);
-    copyUnpadded(plan, padded, buf);
-  } else {
-    runAllreduce(plan, transport, ops, buf, &scratch_);
+    const int64_t bytes = plan.numel * int64_t(tensor.element_size());
+    storage = scratch_.take(bytes, tensor.options()).view(tensor.scalar_type());
   }
+  Staged msg(plan, tensor, storage);
+  runAllreduce(plan, transport, ops, msg.data(), &scratch_);
+  msg.finish();
   scratchHeld_ = scratch_.bytesHeld();
-  if (!buf.is_same(tensor)) tensor.copy_(buf);
-  if (shadowed) recordShadow(plan, buf, exact, shadowSeconds);
+  if (shadowed) recordShadow(plan, tensor, exact, shadowSeconds);
   if (!count) return "";
   stats_.quantizedCalls++;
   stats_.inputBytes += tensor.numel() * tensor.element_size();

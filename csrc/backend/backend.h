@@ -18,11 +18,14 @@
 
 #include "algo/scratch.h"
 #include "backend/progress.h"
+#include "backend/staging.h"
 #include "plan/config.h"
 #include "plan/plan.h"
 #include "transport/c10d_transport.h"
 
 namespace qcomm {
+
+struct CodecOps;  // codec/codec_ops.h
 
 // One collective's counters (stats()["by_collective"]).
 struct CollectiveStats {
@@ -65,6 +68,12 @@ struct ShardedCall {
   std::function<void(ShardedCall&)> pack;
   // list forms: after the quantized run, copies the message into the caller's tensors
   std::function<void(ShardedCall&)> unpack;
+};
+
+// The buffers a quantized reduce-scatter or all-gather runs on (QncclBackend::stageSharded).
+struct ShardedStage {
+  Staged message;  // the reduce-scatter's input (never written), the all-gather's output
+  Staged shard;    // the reduce-scatter's output
 };
 
 // The CUDA side of a group (backend_cuda.cpp): the device, the transport chosen at the first
@@ -271,11 +280,10 @@ class QncclBackend : public c10d::Backend {
                     double exactSeconds, const std::string& collective = "");
   c10::intrusive_ptr<c10d::Work> allreduceCuda(Plan plan, std::vector<at::Tensor>& tensors,
                                                const c10d::AllreduceOptions& opts);
-  // allreduceCuda's launches, once the call is agreed: `buf` is t itself or its contiguous or
-  // padded copy.
+  // allreduceCuda's launches, once the call is agreed: `msg` stages tensors[0] (staging.h).
   c10::intrusive_ptr<c10d::Work> launchCuda(const Plan& plan, std::vector<at::Tensor>& tensors,
-                                            at::Tensor& buf, bool padded, CudaPath& path,
-                                            bool useIpc, const c10d::AllreduceOptions& opts,
+                                            Staged& msg, CudaPath& path, bool useIpc,
+                                            const c10d::AllreduceOptions& opts,
                                             std::function<void()> check);
   // The CUDA path of this group, set up (collectively, through the store) on first use.
   CudaPath& cudaPath(int device, bool capturing);
@@ -335,6 +343,18 @@ class QncclBackend : public c10d::Backend {
   // On the progress thread: agreement, the run, the copies back, stats ("" when the ranks agree).
   // count false (the tuner's runs): no stats, no shadow.
   std::string runShardedCpu(const Plan& plan, ShardedCall& call, bool count = true);
+  // A quantized reduce-scatter or all-gather, host or CUDA tensors alike (on the current stream
+  // for CUDA ones): its buffers staged before anything is exchanged (the caller's tensors, or
+  // contiguous copies; the all-gather's input in its slot), then the schedule on `ops`' device and
+  // the result written into the caller's output.
+  ShardedStage stageSharded(const Plan& plan, const ShardedCall& call) const;
+  void runSharded(const Plan& plan, ShardedCall& call, ShardedStage& st, Transport& transport,
+                  CodecOps& ops, Scratch* scratch);
+  // stats() of a quantized reduce-scatter or all-gather
+  void countSharded(const Plan& plan, const ShardedCall& call, int64_t wireBytes);
+  // The CUDA form of the sharded path (backend_cuda.cpp): the allreduce's transport, agreement
+  // and streams (allreduceCuda), the schedule of runSharded.
+  c10::intrusive_ptr<c10d::Work> shardedCuda(const Plan& plan, ShardedCall& call);
   void logSharded(const Plan& plan, const ShardedCall& call);
   // Shadow mode: the inner backend's exact result of the call, on copies of its input.
   at::Tensor exactOf(const ShardedCall& call);

@@ -19,6 +19,7 @@
 
 #include "algo/algorithms.h"
 #include "backend/backend.h"
+#include "backend/staging.h"
 #include "backend/work.h"
 #include "common/errors.h"
 #include "common/settings.h"
@@ -78,6 +79,42 @@ int64_t runOverNccl(const Plan& plan, c10d::Backend& inner, int rank, at::Tensor
   return wire;
 }
 
+// A call's schedule over CUDA IPC with the separate kernels: `schedule` on the exchanges of the
+// group's buffers and the CUDA codec kernels on `stream`; `result` (the tensor the call writes)
+// is poisoned if the call's kernels gave up. `lead`: what the schedule's errors start with after
+// the rank ("allreduce: "). Returns the bytes this rank writes into its peers' buffers.
+int64_t runSeparateIpc(const Plan& plan, IpcTransport& ipc, int rank, const at::Tensor& result,
+                       const std::string& lead, const c10::cuda::CUDAStream& stream,
+                       std::chrono::milliseconds timeout, bool eager,
+                       const std::function<void(Transport&, CodecOps&)>& schedule) {
+  int64_t sent = 0;
+  std::string cause;
+  try {
+    // the call's first barrier compares the ranks' plan fingerprints on the device: the agreement
+    // the host exchange of headers gives, off the host's critical path
+    std::unique_ptr<Transport> t = ipc.exchanges(stream.stream(), timeout, planFingerprint(plan));
+    std::unique_ptr<CodecOps> ops = makeCudaCodecOps(stream.stream());
+    schedule(*t, *ops);
+    // a call whose kernels gave up (a mismatch, a peer that died) leaves NaN, not numbers
+    ipc.poisonIfAborted(static_cast<uint8_t*>(result.data_ptr()), result.nbytes(), stream.stream());
+    sent = t->bytesSent();
+  } catch (const c10::Error& e) {
+    cause = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    cause = e.what();
+  }
+  if (!cause.empty()) {
+    // the algorithm's errors already say "[qcomm rank r/W] allreduce: ": said once, by ended()
+    for (const std::string& l : {rankPrefix(rank, plan.world), lead}) {
+      if (cause.rfind(l, 0) == 0) cause = cause.substr(l.size());
+    }
+    cause = "the CUDA-IPC " + std::string(algoName(plan.algorithm)) +
+            " (separate kernels) failed: " + cause;
+  }
+  ipc.ended(stream.stream(), eager, cause);
+  return sent;
+}
+
 // An allreduce over CUDA IPC: the same schedule (two_step, ring or semi_ring), its exchanges as
 // copy and barrier kernels through the buffers. Returns the bytes this rank writes into its
 // peers' buffers.
@@ -100,32 +137,8 @@ int64_t runOverIpc(const Plan& plan, IpcTransport& ipc, int rank, at::Tensor& da
     return runFusedTwoStep(ipc, plan, data, stream.stream(), timeout, eager);
   }
 #endif
-  int64_t sent = 0;
-  std::string cause;
-  try {
-    // the call's first barrier compares the ranks' plan fingerprints on the device: the agreement
-    // the host exchange of headers gives, off the host's critical path
-    std::unique_ptr<Transport> t = ipc.exchanges(stream.stream(), timeout, planFingerprint(plan));
-    std::unique_ptr<CodecOps> ops = makeCudaCodecOps(stream.stream());
-    runAllreduce(plan, *t, *ops, data);
-    // a call whose kernels gave up (a mismatch, a peer that died) leaves NaN, not numbers
-    ipc.poisonIfAborted(static_cast<uint8_t*>(data.data_ptr()), data.nbytes(), stream.stream());
-    sent = t->bytesSent();
-  } catch (const c10::Error& e) {
-    cause = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    cause = e.what();
-  }
-  if (!cause.empty()) {
-    // the algorithm's errors already say "[qcomm rank r/W] allreduce: ": said once, by ended()
-    for (const std::string& lead : {rankPrefix(rank, plan.world), std::string("allreduce: ")}) {
-      if (cause.rfind(lead, 0) == 0) cause = cause.substr(lead.size());
-    }
-    cause = "the CUDA-IPC " + std::string(algoName(plan.algorithm)) +
-            " (separate kernels) failed: " + cause;
-  }
-  ipc.ended(stream.stream(), eager, cause);
-  return sent;
+  return runSeparateIpc(plan, ipc, rank, data, "allreduce: ", stream, timeout, eager,
+                        [&](Transport& t, CodecOps& ops) { runAllreduce(plan, t, ops, data); });
 }
 
 bool isCapturing(const c10::cuda::CUDAStream& s) {
@@ -254,11 +267,10 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
     // agreement: after it a peer may already wait in this call's first barrier for this rank, and
     // with ranks as threads of one process the copy kernel's first launch (lazy loading) or an
     // allocation that synchronises the device would wait for that peer.
-    at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
     // A rotated message that ends inside a group runs on a copy padded with zeros to whole groups
-    // (as runQuantizedCpu's), made here for the same reason, and copied back into t at the end.
-    const bool padded = needsPadding(plan);
-    if (padded) buf = paddedCopy(plan, t);
+    // (staging.h, as runQuantizedCpu's), made here for the same reason, and copied back into t at
+    // the end.
+    Staged msg(plan, t);
     // every quantized algorithm runs over CUDA IPC where the group set it up (two_step, ring and
     // semi_ring: their exchanges are all-to-all, all-gather or point-to-point legs, all of which
     // ipc_exchange.h runs)
@@ -284,7 +296,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
     TORCH_CHECK(useIpc || nccl_, prefix(), "allreduce: no NCCL backend for the ",
                 algoName(plan.algorithm), " algorithm, and CUDA IPC is not set up for this group");
     shared = false;
-    return launchCuda(plan, tensors, buf, padded, path, useIpc, opts, std::move(check));
+    return launchCuda(plan, tensors, msg, path, useIpc, opts, std::move(check));
   } catch (const std::exception& e) {
     if (!shared && !capturing) {
       std::shared_ptr<IpcTransport> ipc;
@@ -299,10 +311,13 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
   }
 }
 
-c10::intrusive_ptr<c10d::Work> QncclBackend::launchCuda(
-    const Plan& plan, std::vector<at::Tensor>& tensors, at::Tensor& buf, bool padded,
-    CudaPath& path, bool useIpc, const c10d::AllreduceOptions& opts, std::function<void()> check) {
+c10::intrusive_ptr<c10d::Work> QncclBackend::launchCuda(const Plan& plan,
+                                                        std::vector<at::Tensor>& tensors,
+                                                        Staged& msg, CudaPath& path, bool useIpc,
+                                                        const c10d::AllreduceOptions& opts,
+                                                        std::function<void()> check) {
   at::Tensor& t = tensors[0];
+  at::Tensor& buf = msg.data();
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(t.device().index());
   const std::shared_ptr<IpcTransport>& ipc = path.ipc;
   const auto timeout = callTimeout(opts);
@@ -331,11 +346,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::launchCuda(
     } else {
       wire = runOverNccl(plan, *nccl_, getRank(), buf, run, timeout);
     }
-    if (padded) {
-      copyUnpadded(plan, buf, t);
-    } else if (!buf.is_same(t)) {
-      t.copy_(buf);
-    }
+    msg.finish();
   }
   auto done = std::make_shared<at::cuda::CUDAEvent>();
   done->record(run);
@@ -344,6 +355,104 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::launchCuda(
   stats_.inputBytes += t.numel() * t.element_size();
   stats_.wireBytes += wire;
   return c10::make_intrusive<CudaWork>(getRank(), tensors, std::move(done), run, std::move(check));
+}
+
+// A quantized reduce-scatter or all-gather of CUDA tensors (sharded.cpp hands it here once the
+// call is planned and numbered): the allreduce's transport, agreement, streams and Work
+// (allreduceCuda, launchCuda), the reduce half of plan.algorithm or the gather phase alone
+// (runSharded) with the CUDA codec kernels, over CUDA IPC where the group set it up with the
+// separate kernels, else over the inner NCCL backend.
+c10::intrusive_ptr<c10d::Work> QncclBackend::shardedCuda(const Plan& plan, ShardedCall& call) {
+  const at::Tensor& t = call.message;
+  const int device = t.device().index();
+  c10::cuda::CUDAGuard guard(t.device());
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+  const bool capturing = isCapturing(current);
+  if (plan.shadow > 0) {
+    TORCH_WARN_ONCE(prefix(), call.name, ": shadow mode (QuantConfig.shadow) covers host-memory ",
+                    "calls only; this group's quantized CUDA calls are not shadowed");
+  }
+  // as allreduceCuda: an error on this rank alone before the launches takes the abort path of
+  // the IPC transport (its peers may wait in the call's first barrier); a shared one only raises
+  bool shared = false;
+  try {
+    CudaPath& path = cudaPath(device, capturing);
+    const std::string pre = prefix();
+    std::shared_ptr<IpcTransport> ipc = path.ipc;
+    std::function<void()> check = [ipc, pre]() {
+      if (ipc) ipc->checkError(pre);
+    };
+    // the buffers, before the agreement (allreduceCuda says why), on the caller's stream
+    ShardedStage st = stageSharded(plan, call);
+    // the fused experiment runs the allreduce's two_step only: its groups' sharded calls take
+    // the NCCL transport
+    const bool useIpc = ipc && ipc->separate();
+    shared = true;
+    if (!useIpc || checkCalls_) {
+      std::string mismatch = agreeOnQueue(plan, call.timeout);
+      TORCH_CHECK(mismatch.empty(), prefix(), call.name,
+                  ": the ranks disagree on this call: ", mismatch,
+                  ". Every rank must pass the same shapes, dtype and op, and hold the same "
+                  "QuantConfig (qcomm.set_config on every rank).");
+    }
+    check();
+    TORCH_CHECK(useIpc || nccl_, prefix(), call.name, ": no NCCL backend for the ",
+                algoName(plan.algorithm), " algorithm, and CUDA IPC is not set up for this group");
+    shared = false;
+    // async ops and every IPC call on the side stream (launchCuda says why)
+    const bool onSide = call.asyncOp || useIpc;
+    const c10::cuda::CUDAStream run = onSide ? path.side : current;
+    if (onSide) {
+      at::cuda::CUDAEvent ready;
+      ready.record(current);
+      ready.block(run);
+    }
+    int64_t wire = 0;
+    {
+      c10::cuda::CUDAStreamGuard onRun(run);
+      if (onSide) {
+        std::vector<at::Tensor> used = call.outputs;
+        used.insert(used.end(), {call.message, call.shard, st.message.data()});
+        if (st.shard.data().defined()) used.push_back(st.shard.data());
+        for (const at::Tensor& u : used) {
+          if (u.defined() && u.numel() > 0) {
+            c10::cuda::CUDACachingAllocator::recordStream(u.storage().data_ptr(), run);
+          }
+        }
+      }
+      const at::Tensor& result =
+          plan.collective == kReduceScatter ? st.shard.data() : st.message.data();
+      const std::string lead = std::string(collectiveName(plan.collective)) + ": ";
+      if (useIpc) {
+        wire = runSeparateIpc(
+            plan, *ipc, getRank(), result, lead, run, call.timeout, !isCapturing(run),
+            [&](Transport& tr, CodecOps& ops) { runSharded(plan, call, st, tr, ops, nullptr); });
+      } else {
+        C10dTransport tr(nccl_.get(), getRank(), plan.world, call.timeout,
+                         C10dTransport::kCollectives, /*streamOrdered=*/true);
+        std::unique_ptr<CodecOps> ops = makeCudaCodecOps(run.stream());
+        runSharded(plan, call, st, tr, *ops, nullptr);
+        wire = tr.bytesSent();
+      }
+    }
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(run);
+    if (onSide && !call.asyncOp) done->block(current);
+    countSharded(plan, call, wire);
+    return c10::make_intrusive<CudaWork>(getRank(), call.outputs, std::move(done), run,
+                                         std::move(check));
+  } catch (const std::exception& e) {
+    if (!shared && !capturing) {
+      std::shared_ptr<IpcTransport> ipc;
+      {
+        std::lock_guard<std::mutex> lock(cudaMutex_);
+        if (cuda_) ipc = cuda_->ipc;
+      }
+      const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+      if (ipc) ipc->abandon(c10 ? c10->what_without_backtrace() : e.what());
+    }
+    throw;
+  }
 }
 
 }  // namespace qcomm

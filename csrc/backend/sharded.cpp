@@ -14,6 +14,7 @@
 #include "algo/algorithms.h"
 #include "backend/backend.h"
 #include "backend/names.h"
+#include "backend/staging.h"
 #include "backend/work.h"
 #include "codec/codec_ops.h"
 #include "common/errors.h"
@@ -76,8 +77,23 @@ Plan QncclBackend::planForSharded(int32_t collective, const at::Tensor& message,
     p.quantize = false;
     p.reason = "QCOMM_DISABLE=1: every collective passes through";
   } else if (p.quantize && message.is_cuda()) {
+#ifdef QCOMM_WITH_CUDA
+    // opt-in, as the CUDA allreduce (backend.cpp planFor)
+    if (!settings::flag("QCOMM_CUDA_QUANTIZE")) {
+      p.quantize = false;
+      p.reason = "CUDA tensor: quantizing CUDA collectives is opt-in (QCOMM_CUDA_QUANTIZE=1)";
+    } else if (p.rotate) {
+      // the per-shard padding and the rotation back of the reduce-scatter's output are built and
+      // tested on host tensors only
+      p.quantize = false;
+      p.reason =
+          "CUDA tensor: rotated reduce_scatter and all_gather run on host tensors only "
+          "(rotate=False quantizes them)";
+    }
+#else
     p.quantize = false;
-    p.reason = "CUDA tensor: reduce_scatter and all_gather are quantized on host tensors only";
+    p.reason = "CUDA tensor: qcomm was built without CUDA";
+#endif
   }
   return p;
 }
@@ -121,13 +137,16 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
   // auto with tune: the table's choice is read on the progress thread, where every rank reaches
   // the call at the same point (runTunedSharded, tuner.cpp), as the allreduce's
   const QuantConfig cfg = getConfig();
-  plan.tuneNeeded = plan.quantize && cfg.algorithm == kAuto && cfg.tune;
+  plan.tuneNeeded = plan.quantize && cfg.algorithm == kAuto && cfg.tune && !call.message.is_cuda();
   if (!plan.tuneNeeded) logSharded(plan, call);
   if (!plan.quantize) return passThroughSharded(call);
   checkUsable(call.name);
   refuseOverlap({call.message, call.shard}, call.name);
   if (call.pack) call.pack(call);
   plan.callSeq = callSeq_++;
+#ifdef QCOMM_WITH_CUDA
+  if (call.message.is_cuda()) return shardedCuda(plan, call);
+#endif
   const int bits = plan.collective == kReduceScatter ? plan.rs.bits : plan.ag.bits;
   const char* title =
       internTitle(std::string("qnccl:") + call.name + " " +
@@ -156,6 +175,73 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
   return queueCall(std::move(run), work, asyncOp);
 }
 
+ShardedStage QncclBackend::stageSharded(const Plan& plan, const ShardedCall& call) const {
+  const int64_t n = plan.userRowElems();  // the shard (a rotated plan pads it: runSharded)
+  const int64_t own = int64_t(getRank()) * n;
+  ShardedStage st;
+  if (plan.collective == kReduceScatter) {
+    st.message = Staged(call.message);
+    st.shard = Staged(call.shard);
+    const at::Tensor& in = st.message.data();
+    const at::Tensor& out = st.shard.data();
+    // In place (the output is this rank's own shard of the input) works as it is: each piece of
+    // the own shard is read before its sum is written. Any other overlap runs on a copy.
+    if (!st.shard.copied() && at::get_overlap_status(out, in) != at::MemOverlapStatus::No &&
+        out.data_ptr() != in.reshape({-1}).narrow(0, own, n).data_ptr()) {
+      st.message = Staged(in.clone());
+    }
+    return st;
+  }
+  st.message = Staged(call.message);
+  at::Tensor flat = st.message.data().reshape({-1});
+  at::Tensor slot = flat.narrow(0, own, n);
+  // the input into this rank's slot, unless it already is that slot (FSDP2's all-gather)
+  if (slot.data_ptr() != call.shard.data_ptr() || !call.shard.is_contiguous()) {
+    at::Tensor src = call.shard.reshape({-1});
+    if (at::get_overlap_status(src, flat) != at::MemOverlapStatus::No) src = src.clone();
+    slot.copy_(src);
+  }
+  return st;
+}
+
+void QncclBackend::runSharded(const Plan& plan, ShardedCall& call, ShardedStage& st,
+                              Transport& transport, CodecOps& ops, Scratch* scratch) {
+  at::Tensor flat = st.message.data().reshape({-1});
+  // a rotated plan: each shard zero-padded to whole groups (plan.numel elements in all)
+  auto padded = [&] {
+    at::Tensor storage = scratch != nullptr ? scratchMessage(*scratch, plan, flat)
+                                            : at::empty({plan.numel}, flat.options());
+    return paddedCopy(plan, flat, storage);
+  };
+  if (plan.collective == kReduceScatter) {
+    at::Tensor flatOut = st.shard.data().reshape({-1});  // the shard's own elements only
+    runReduceScatter(plan, transport, ops, needsPadding(plan) ? padded() : flat, flatOut, scratch);
+    st.shard.finish();
+  } else {
+    if (needsPadding(plan)) {
+      at::Tensor message = padded();
+      runAllGather(plan, transport, ops, message, scratch);
+      copyUnpadded(plan, message, flat);
+    } else {
+      runAllGather(plan, transport, ops, flat, scratch);
+    }
+    st.message.finish();
+  }
+  if (call.unpack) call.unpack(call);
+}
+
+void QncclBackend::countSharded(const Plan& plan, const ShardedCall& call, int64_t wireBytes) {
+  const int64_t in = call.collective == kReduceScatter ? call.message.numel() : call.shard.numel();
+  const int64_t inBytes = in * int64_t(call.message.element_size());
+  stats_.quantizedCalls++;
+  stats_.inputBytes += inBytes;
+  stats_.wireBytes += wireBytes;
+  CollectiveStats& s = stats_.sharded[plan.collective];
+  s.quantizedCalls++;
+  s.inputBytes += inBytes;
+  s.wireBytes += wireBytes;
+}
+
 std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call, bool count) {
   C10dTransport transport(gloo_.get(), getRank(), getSize(), call.timeout,
                           C10dTransport::kPointToPoint);
@@ -171,57 +257,15 @@ std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call, boo
   const double shadowSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - shadowStart).count();
   scratch_.begin();
-  const int64_t n = plan.userRowElems();  // the shard (a rotated plan pads it: paddedCopy)
-  const int64_t own = int64_t(getRank()) * n;
-  if (plan.collective == kReduceScatter) {
-    at::Tensor in = call.message.is_contiguous() ? call.message : call.message.contiguous();
-    at::Tensor out = call.shard.is_contiguous() ? call.shard : call.shard.contiguous();
-    // In place (the output is this rank's own shard of the input) works as it is: each piece of
-    // the own shard is read before its sum is written. Any other overlap runs on a copy.
-    if (out.is_same(call.shard) && at::get_overlap_status(out, in) != at::MemOverlapStatus::No &&
-        out.data_ptr() != in.reshape({-1}).narrow(0, own, n).data_ptr()) {
-      in = in.clone();
-    }
-    at::Tensor flatIn = in.reshape({-1});
-    at::Tensor flatOut = out.reshape({-1});
-    if (needsPadding(plan))
-      flatIn = paddedCopy(plan, flatIn, scratchMessage(scratch_, plan, flatIn));
-    runReduceScatter(plan, transport, ops, flatIn, flatOut, &scratch_);
-    if (!out.is_same(call.shard)) call.shard.copy_(out);
-  } else {
-    at::Tensor msg = call.message.is_contiguous() ? call.message : call.message.contiguous();
-    at::Tensor flat = msg.reshape({-1});
-    at::Tensor slot = flat.narrow(0, own, n);
-    // the input into this rank's slot, unless it already is that slot (FSDP2's all-gather)
-    if (slot.data_ptr() != call.shard.data_ptr() || !call.shard.is_contiguous()) {
-      at::Tensor src = call.shard.reshape({-1});
-      if (at::get_overlap_status(src, flat) != at::MemOverlapStatus::No) src = src.clone();
-      slot.copy_(src);
-    }
-    if (needsPadding(plan)) {
-      at::Tensor padded = paddedCopy(plan, flat, scratchMessage(scratch_, plan, flat));
-      runAllGather(plan, transport, ops, padded, &scratch_);
-      copyUnpadded(plan, padded, flat);
-    } else {
-      runAllGather(plan, transport, ops, flat, &scratch_);
-    }
-    if (!msg.is_same(call.message)) call.message.copy_(msg);
-  }
-  if (call.unpack) call.unpack(call);
+  ShardedStage st = stageSharded(plan, call);
+  runSharded(plan, call, st, transport, ops, &scratch_);
+  scratchHeld_ = scratch_.bytesHeld();
   if (!count) return "";
   if (shadowed) {
     recordShadow(plan, plan.collective == kReduceScatter ? call.shard : call.message, exact,
                  shadowSeconds, collectiveName(plan.collective));
   }
-  const int64_t in = call.collective == kReduceScatter ? call.message.numel() : call.shard.numel();
-  const int64_t inBytes = in * int64_t(call.message.element_size());
-  stats_.quantizedCalls++;
-  stats_.inputBytes += inBytes;
-  stats_.wireBytes += transport.bytesSent();
-  CollectiveStats& s = stats_.sharded[plan.collective];
-  s.quantizedCalls++;
-  s.inputBytes += inBytes;
-  s.wireBytes += transport.bytesSent();
+  countSharded(plan, call, transport.bytesSent());
   return "";
 }
 

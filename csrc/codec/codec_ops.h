@@ -55,7 +55,7 @@ struct CodecOps {
   // x[i] = x[i] / world, in fp32 (AVG).
   virtual void divide(float* x, int64_t n, int world) = 0;
   // x[i] = x[i] * factor, in fp32 (a reduce-scatter's PREMUL_SUM). A device without it throws
-  // std::runtime_error (CUDA: sharded calls pass through in this version).
+  // std::runtime_error.
   virtual void multiply(float* x, int64_t n, float factor);
 
   // The rotated forms (QuantConfig.rotate), on whole groups: n a multiple of spec.groupSize.

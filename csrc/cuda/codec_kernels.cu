@@ -107,6 +107,14 @@ __global__ void divideKernel(float* x, int64_t n, float divisor) {
     x[i] = x[i] / divisor;
 }
 
+// x[i] = x[i] * factor (a reduce-scatter's PREMUL_SUM factor, applied to the fp32 sum): one IEEE
+// fp32 product, as the CPU's multiplyBy, bit for bit.
+__global__ void multiplyKernel(float* x, int64_t n, float factor) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = x[i] * factor;
+}
+
 // Item i is elements 4i..4i+3 (one group: groupSize is a multiple of 4). Each loop step of a
 // block covers kUnroll * kBlock consecutive items, thread t items t, t + kBlock, ..., so every
 // load and store instruction of a warp touches one contiguous range.
@@ -707,6 +715,7 @@ cudaError_t codecPreload() {
     load(rotateKernel<T, float, true>);
   });
   load(divideKernel);
+  load(multiplyKernel);
   return e;
 #endif
 }
@@ -714,6 +723,12 @@ cudaError_t codecPreload() {
 cudaError_t divide(float* x, int64_t n, float divisor, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   launch<divideKernel>(elementBlocks(n, 1), otherFullGrid(n), stream, x, n, divisor);
+  return cudaGetLastError();
+}
+
+cudaError_t multiply(float* x, int64_t n, float factor, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  launch<multiplyKernel>(elementBlocks(n, 1), otherFullGrid(n), stream, x, n, factor);
   return cudaGetLastError();
 }
 

@@ -40,6 +40,9 @@ cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const Co
 
 // x[0..n) /= divisor in fp32, each an IEEE division as the CPU's divideBy (AVG).
 cudaError_t divide(float* x, int64_t n, float divisor, cudaStream_t stream);
+// x[0..n) *= factor in fp32, each one IEEE product as the CPU's multiplyBy (a reduce-scatter's
+// PREMUL_SUM, on the fp32 sum).
+cudaError_t multiply(float* x, int64_t n, float factor, cudaStream_t stream);
 
 // One ring hop, fused: partial = decode(src with `in`) + local (local of `localDtype`), then
 // encode partial with `out` into dst. partial (fp32, n) keeps the sum for the caller; it may be

@@ -66,6 +66,9 @@ class CudaCodecOps final : public CodecOps {
     // where ranks are threads of one process (see gpu::codecPreload)
     check(gpu::divide(x, n, float(world), stream_), "divide");
   }
+  void multiply(float* x, int64_t n, float factor) override {
+    check(gpu::multiply(x, n, factor, stream_), "multiply");  // preloaded too, as divide
+  }
 
  private:
   static void check(cudaError_t e, const char* what) {

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <torch/extension.h>
 
+#include <string>
 #include <vector>
 
 #include "common/torch_dtype.h"
@@ -19,13 +20,15 @@ inline int32_t dtypeCode(at::ScalarType t) {
   return code;
 }
 
-// The plan of an emulated CUDA-IPC call: one contiguous CPU input and one equal uint8 buffer per
-// rank (at least 2), a config that quantizes. With `separate` (the separate kernels, which run the
-// schedules of every algorithm and rotate through CodecOps) any algorithm and rotation; else (the
-// fused kernel) two_step only, no rotation.
+// The plan of an emulated CUDA-IPC call: one contiguous CPU input (the message) and one equal
+// uint8 buffer per rank (at least 2), a config that quantizes. With `separate` (the separate
+// kernels, which run the schedules of every algorithm and rotate through CodecOps) any algorithm
+// and rotation; else (the fused kernel) two_step only, no rotation. A reduce-scatter or all-gather
+// (`collective`) takes its op by name ("sum", "avg", "premul" with `factor`).
 inline Plan emulatedPlan(const char* what, const std::vector<at::Tensor>& inputs,
                          const std::vector<at::Tensor>& buffers, pybind11::tuple cfg, bool average,
-                         uint32_t callSeq, bool separate = false) {
+                         uint32_t callSeq, bool separate = false, int32_t collective = kAllreduce,
+                         const std::string& op = "", double factor = 1.0) {
   const int world = int(inputs.size());
   TORCH_CHECK_VALUE(world >= 2 && buffers.size() == inputs.size(), what,
                     ": one input and one buffer per rank, at least 2 ranks");
@@ -36,6 +39,13 @@ inline Plan emulatedPlan(const char* what, const std::vector<at::Tensor>& inputs
   f.opSum = !average;
   f.opAvg = average;
   f.world = world;
+  if (collective != kAllreduce) {
+    f.collective = collective;
+    f.opSum = op == "sum";
+    f.opAvg = op == "avg";
+    f.opPremul = op == "premul";
+    f.premulFactor = factor;
+  }
   for (int r = 0; r < world; ++r) {
     TORCH_CHECK_VALUE(inputs[r].device().is_cpu() && inputs[r].is_contiguous() &&
                           inputs[r].numel() == f.numel &&

@@ -16,6 +16,7 @@
 #include "algo/algorithms.h"
 #include "backend/backend.h"
 #include "backend/progress.h"
+#include "backend/staging.h"
 #include "codec/codec_cpu.h"
 #include "codec/codec_ops.h"
 #include "common/errors.h"
@@ -190,20 +191,14 @@ at::Tensor collectiveAllreduce(QncclBackend& be, at::Tensor t, bool avg, bool fo
   c10::intrusive_ptr<c10d::Backend> inner = be.inner(t.is_cuda());
   TORCH_CHECK_VALUE(inner, where, "the group has no inner backend for ", t.device());
   const c10::DeviceGuard guard(t.device());
-  at::Tensor buf = t.contiguous();
-  // a rotated message that ends inside a group: a copy padded with zeros to whole groups, as the
-  // backend makes one (on the current stream, for a CUDA tensor)
-  const bool padded = needsPadding(plan);
-  if (padded) buf = paddedCopy(plan, t);
+  // staged as the backend stages a message (backend/staging.h; on the current stream, for a CUDA
+  // tensor)
+  Staged msg(plan, t);
   std::unique_ptr<CodecOps> ops = codecOpsFor(t.device());
   C10dTransport transport(inner.get(), be.getRank(), plan.world, timeout,
                           C10dTransport::kCollectives, t.is_cuda());
-  runAllreduce(plan, transport, *ops, buf);
-  if (padded) {
-    copyUnpadded(plan, buf, t);
-  } else if (!buf.is_same(t)) {
-    t.copy_(buf);
-  }
+  runAllreduce(plan, transport, *ops, msg.data());
+  msg.finish();
   return t;
 }
 
@@ -307,13 +302,14 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
   std::vector<uint8_t*> bufferPtrs;
   for (auto& b : buffers) bufferPtrs.push_back(b.data_ptr<uint8_t>());
   std::vector<std::string> failed(ranks.size());
-  // a rotated message that ends inside a group runs on copies padded with zeros to whole groups
-  // (as the backend's), made before the calls begin and copied back after
+  // staged as the backend stages a message (backend/staging.h: a rotated message that ends inside
+  // a group runs on a copy padded with zeros to whole groups), before the calls begin; the
+  // results are copied back after
+  std::vector<Staged> staged(static_cast<size_t>(world));
   std::vector<at::Tensor> data = inputs;
   for (int r : ranks) {
-    if (needsPadding(plans[size_t(r)])) {
-      data[size_t(r)] = paddedCopy(plans[size_t(r)], inputs[size_t(r)]);
-    }
+    staged[size_t(r)] = Staged(plans[size_t(r)], inputs[size_t(r)]);
+    data[size_t(r)] = staged[size_t(r)].data();
   }
   {
     py::gil_scoped_release noGil;
@@ -362,17 +358,90 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
     }
     for (auto& t : threads) t.join();
   }
-  for (int r : ranks) {
-    if (!data[size_t(r)].is_same(inputs[size_t(r)])) {
-      copyUnpadded(plans[size_t(r)], data[size_t(r)], inputs[size_t(r)]);
-    }
-  }
+  for (int r : ranks) staged[size_t(r)].finish();
   int gaveUp = 0;
   for (const std::string& f : failed) gaveUp += f.empty() ? 0 : 1;
   TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error), " (",
               gaveUp, " of ", ranks.size(), " ranks stopped)");
   for (const std::string& f : failed) TORCH_CHECK(f.empty(), f);
   return inputs;
+}
+
+// A reduce-scatter (collective 1) or all-gather (2) over CUDA IPC with the separate kernels run
+// on host memory, as ipc_separate_emulate runs an allreduce: the schedule's reduce half or its
+// gather phase with the CPU codec, the exchanges copied through `buffers` by ipc_exchange.h's
+// schedule, one thread per rank. inputs: a reduce-scatter's W messages (op "sum", "avg" or
+// "premul" with `factor`), an all-gather's W shards. Returns each rank's output: its shard, or
+// the gathered message.
+std::vector<at::Tensor> ipcShardedEmulate(std::vector<at::Tensor> inputs,
+                                          std::vector<at::Tensor> buffers, py::tuple cfg,
+                                          int32_t collective, const std::string& op, double factor,
+                                          uint32_t callSeq, int64_t timeoutMs) {
+  const char* what = "ipc_sharded_emulate";
+  const int world = int(inputs.size());
+  TORCH_CHECK_VALUE(collective == kReduceScatter || collective == kAllGather, what,
+                    ": collective 1 (reduce-scatter) or 2 (all-gather), not ", collective);
+  TORCH_CHECK_VALUE(op == "sum" || op == "avg" || op == "premul", what,
+                    ": op sum, avg or premul, not ", op);
+  // the plan, from facts as QncclBackend::planForSharded makes them
+  const std::vector<at::Tensor> messages(
+      size_t(world), collective == kAllGather
+                         ? at::empty({inputs[0].numel() * world}, inputs[0].options())
+                         : inputs[0]);
+  Plan plan = emulatedPlan(what, messages, buffers, cfg, false, callSeq, true, collective,
+                           collective == kReduceScatter ? op : "sum", factor);
+  std::vector<at::Tensor> outs;
+  for (int r = 0; r < world; ++r) {
+    TORCH_CHECK_VALUE(inputs[size_t(r)].is_contiguous() &&
+                          inputs[size_t(r)].sizes() == inputs[0].sizes() &&
+                          inputs[size_t(r)].scalar_type() == inputs[0].scalar_type(),
+                      what, ": contiguous inputs of one shape and dtype");
+    outs.push_back(collective == kAllGather ? messages[0].clone()
+                                            : at::empty({plan.chunkElems}, inputs[0].options()));
+  }
+  std::string why;
+  const IpcExchangeGeometry g = ipcExchangeGeometry(world, buffers[0].numel(), &why);
+  TORCH_CHECK_VALUE(why.empty(), what, ": ", why);
+  IpcError error{};
+  std::vector<uint8_t*> bufferPtrs;
+  for (auto& b : buffers) bufferPtrs.push_back(b.data_ptr<uint8_t>());
+  std::vector<std::string> failed(static_cast<size_t>(world));
+  {
+    py::gil_scoped_release noGil;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r]() {
+        IpcPeers peers{};
+        for (int q = 0; q < world; ++q) peers.buffers[q] = bufferPtrs[size_t(q)];
+        peers.world = world;
+        peers.rank = r;
+        peers.timeoutNs = timeoutMs * 1000000;
+        peers.hostError = &error;
+        at::Tensor& out = outs[size_t(r)];
+        try {
+          HostCopies copies;
+          copies.peers = peers;
+          IpcExchangeTransport<HostCopies> t(copies, g, bufferPtrs.data(), r, world,
+                                             planFingerprint(plan));
+          CpuCodecOps ops;
+          if (collective == kReduceScatter) {
+            runReduceScatter(plan, t, ops, inputs[size_t(r)], out);
+          } else {
+            out.narrow(0, int64_t(r) * plan.chunkElems, plan.chunkElems)
+                .copy_(inputs[size_t(r)].reshape({-1}));
+            runAllGather(plan, t, ops, out);
+          }
+        } catch (const std::exception& e) {
+          failed[size_t(r)] = e.what();
+        }
+        ipcPoisonIfAbortedEmulate(peers, static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  TORCH_CHECK(error.code == 0, rankPrefix(int(error.rank), world), describeIpcError(error));
+  for (const std::string& f : failed) TORCH_CHECK(f.empty(), f);
+  return outs;
 }
 
 }  // namespace
@@ -503,6 +572,9 @@ void registerTesting(py::module& m, py::object backendBase) {
         py::arg("rank_seqs") = std::vector<uint32_t>{},
         py::arg("rank_configs") = std::vector<py::tuple>{},
         py::arg("abandon") = std::vector<int>{});
+  m.def("ipc_sharded_emulate", &ipcShardedEmulate, py::arg("inputs"), py::arg("buffers"),
+        py::arg("config"), py::arg("collective"), py::arg("op") = "sum", py::arg("factor") = 1.0,
+        py::arg("call_seq") = 0, py::arg("timeout_ms") = 60000);
   m.def(
       "ipc_exchange_geometry",
       [](int world, int64_t bufferBytes) {

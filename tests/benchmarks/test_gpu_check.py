@@ -52,7 +52,7 @@ def test_gpu_check_dry_run_plans_the_new_code_first_within_8_minutes():
     assert f"total of the caps: {sum(caps)} s" in out, out
     # the build first, then every item that has never run on a GPU, each its own step
     assert keys[:3] == ["machine", "build", "probe"], keys
-    never_run = ["rings4", "rotated2", "mismatch", "abort", "graph", "rounds", "nccl1"]
+    never_run = ["rings4", "rotated2", "sharded2", "mismatch", "abort", "graph", "rounds", "nccl1"]
     assert keys[3:] == never_run, keys
     # each planned step is run by the script under its key
     script = _read("scripts", "gpu_check.sh")

@@ -79,6 +79,17 @@ def test_ipc_rings_match_the_reference(world, algorithm, buffer_mb):
 
 
 @gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_ipc_reduce_scatter_and_all_gather_match_the_reference(world):
+    # the sharded calls of CUDA tensors through the allreduce's schedules over CUDA IPC (the reduce
+    # half; the gather phase alone) with the CUDA codec and its multiply kernel (PREMUL_SUM).
+    # Verified on the CPU by the SIMT schedules check and the IPC emulation only: not yet run on
+    # a GPU.
+    env = {**ENV, "QCOMM_IPC_KERNELS": "separate"}
+    ipc.assert_no_problems(ipc.sharded_worker, world, timeout=300, env=env)
+
+
+@gpu
 def test_ipc_separate_kernels_exchange_in_rounds():
     # a 1 MiB buffer: each exchange takes many rounds
     env = {**ENV, "QCOMM_IPC_KERNELS": "separate", "QCOMM_IPC_BUFFER_MB": "1"}

@@ -196,6 +196,74 @@ def rotated_worker(rank, world):
     return problems
 
 
+def sharded_worker(rank, world):
+    # reduce-scatters (the reduce half of each algorithm; SUM, AVG, PREMUL_SUM; out of place, in
+    # place, async, the list form) and all-gathers (out of place, in place into the own slot, the
+    # list form) of CUDA tensors over CUDA IPC, bit for bit against the reference; the inputs of
+    # the reduce-scatters unchanged; the stats count them
+    torch.cuda.set_device(0)
+    problems = []
+    premul = dist._make_nccl_premul_sum
+    for i, (algorithm, dtype, shard) in enumerate(
+        itertools.product(
+            ["two_step", "ring", "semi_ring"], [torch.float32, torch.bfloat16], [129, 65539]
+        )
+    ):
+        bits = 4 if i % 2 else 8
+        qcomm.set_config(
+            qcomm.QuantConfig(
+                algorithm=algorithm,
+                rs_bits=bits,
+                ag_bits=8,
+                min_bytes=0,
+                rotate=False,
+                reduce_scatter=True,
+                all_gather=True,
+            )
+        )
+        xs = inputs(world, shard * world, dtype, 900 + i)
+        name = f"{algorithm} {dtype} shard={shard} rs={bits}"
+        for k, (op, factor) in enumerate([("sum", None), ("avg", None), ("premul", 1 / 3)]):
+            want = ref.reduce_scatter(xs, algorithm, bits, op=op, factor=factor)[rank].out
+            red = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}.get(op) or premul(factor)
+            x = xs[rank].cuda()
+            if k == 1:  # in place: the output is this rank's own shard of the input
+                out = x[rank * shard : (rank + 1) * shard]
+                dist.reduce_scatter_tensor(out, x, op=red)
+            elif k == 2:  # the list form, async
+                out = torch.empty(shard, dtype=dtype, device="cuda")
+                dist.reduce_scatter(out, list(x.chunk(world)), op=red, async_op=True).wait()
+            else:
+                out = torch.empty(shard, dtype=dtype, device="cuda")
+                dist.reduce_scatter_tensor(out, x, op=red)
+                if not torch.equal(x.cpu(), xs[rank]):
+                    problems.append(f"reduce-scatter {name}: the input was written")
+            if not same_bits(out.cpu(), want):
+                problems.append(f"reduce-scatter {name} {op}: differs from the reference")
+        shards = [x[:shard].clone() for x in xs]
+        want = ref.all_gather(shards, 8).out
+        out = torch.empty(shard * world, dtype=dtype, device="cuda")
+        dist.all_gather_into_tensor(out, shards[rank].cuda())
+        if not same_bits(out.cpu(), want):
+            problems.append(f"all-gather {name}: differs from the reference")
+        out = torch.zeros(shard * world, dtype=dtype, device="cuda")
+        mine = out[rank * shard : (rank + 1) * shard]
+        mine.copy_(shards[rank].cuda())
+        dist.all_gather_into_tensor(out, mine)  # in place (FSDP2's)
+        if not same_bits(out.cpu(), want):
+            problems.append(f"all-gather {name} in place: differs from the reference")
+        outs = [torch.empty(shard, dtype=dtype, device="cuda") for _ in range(world)]
+        dist.all_gather(outs, shards[rank].cuda())
+        if not same_bits(torch.cat([o.cpu() for o in outs]), want):
+            problems.append(f"all-gather {name} list form: differs from the reference")
+    by = qcomm.stats()["by_collective"]
+    if by["reduce_scatter"]["quantized_calls"] != 18 or by["all_gather"]["quantized_calls"] != 18:
+        problems.append(f"stats: {by}")
+    if qcomm.cuda_transport()["transport"] != "ipc":
+        problems.append(f"transport is {qcomm.cuda_transport()}")
+    return problems
+
+
 def pieces_worker(rank, world):
     # with QCOMM_IPC_BUFFER_MB=1: each exchange of the separate kernels takes many rounds (a
     # 4M-element message runs as many pieces of the fused kernel, its epochs advancing per piece)

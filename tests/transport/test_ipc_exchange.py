@@ -150,6 +150,64 @@ def test_ipc_separate_kernels_emulated_rings_match_the_reference(algorithm, worl
     assert len(set(counts)) == 1 and counts[0] > (2 + hops) * 2 * len(RING_CASES), counts
 
 
+# reduce-scatter (the reduce half of each algorithm: SUM, AVG, PREMUL_SUM) and all-gather (the
+# gather phase alone) over the exchange: shards of one element, a group and one, and several
+# rounds of a 300 KiB buffer
+SHARDED_SHARDS = [1, 129, 30001]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ipc_separate_kernels_emulated_sharded_calls_match_the_reference(world):
+    bufs = [torch.zeros(300 << 10, dtype=torch.uint8) for _ in range(world)]
+    problems = []
+    seq = 0
+    for algorithm, dtype, shard in itertools.product(
+        ["two_step", "ring", "semi_ring"], [torch.float32, torch.bfloat16], SHARDED_SHARDS
+    ):
+        seq += 1
+        op, factor = [("sum", None), ("avg", None), ("premul", 1 / 3)][seq % 3]
+        bits = 4 if seq % 2 else 8
+        sr = seq % 5 == 1
+        cfg = qcomm.QuantConfig(
+            algorithm=algorithm,
+            rs_bits=bits,
+            ag_bits=12 - bits,
+            min_bytes=0,
+            rotate=False,
+            stochastic_rounding=sr,
+            reduce_scatter=True,
+            all_gather=True,
+        )
+        name = f"{algorithm} {dtype} shard={shard}"
+        xs = inputs(world, shard * world, dtype, 300 + seq)
+        before = [x.clone() for x in xs]
+        outs = qcomm._C._testing.ipc_sharded_emulate(
+            xs, bufs, cfg.as_tuple(), 1, op, factor or 1.0, seq
+        )
+        want = ref.reduce_scatter(
+            xs, algorithm, bits, op=op, factor=factor, stochastic_seq=seq if sr else None
+        )
+        for r, o in enumerate(outs):
+            if not same_bits(o, want[r].out):
+                problems.append(f"reduce-scatter {name} {op} rs={bits} sr={sr} rank {r} differs")
+        if not all(torch.equal(a, b) for a, b in zip(xs, before)):
+            problems.append(f"reduce-scatter {name}: an input was written")
+        if algorithm != "two_step":
+            continue  # the gather phase is the same whatever the config's algorithm
+        shards = [x[:shard].clone() for x in xs]
+        outs = qcomm._C._testing.ipc_sharded_emulate(
+            shards, bufs, cfg.as_tuple(), 2, "sum", 1.0, seq
+        )
+        want = ref.all_gather(shards, 12 - bits).out
+        for r, o in enumerate(outs):
+            if not same_bits(o, want):
+                problems.append(f"all-gather {name} ag={12 - bits} rank {r} differs")
+    assert not problems, "\n".join(problems[:20])
+    # every rank entered the same barriers
+    counts = [b[160:164].view(torch.int32).item() for b in bufs]
+    assert len(set(counts)) == 1 and counts[0] > 0, counts
+
+
 @pytest.mark.parametrize("algorithm", ["two_step", "ring"])
 def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging(algorithm):
     world = 3

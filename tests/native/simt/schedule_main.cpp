@@ -1,4 +1,5 @@
-// The allreduce schedules (csrc/algo: two_step, ring, semi_ring) with the CUDA codec operations
+// The schedules (csrc/algo: two_step, ring, semi_ring; whole for an allreduce, their reduce half
+// for a reduce-scatter, the gather phase alone for an all-gather) with the CUDA codec operations
 // (CudaCodecOps, csrc/cuda/cuda_codec_ops.cpp over the kernels of csrc/cuda/codec_kernels.cu) run
 // by the SIMT emulator, their exchanges moved by the CUDA-IPC transport's copy schedule
 // (IpcExchangeTransport, csrc/transport/ipc_exchange.h) through host buffers with the host barrier
@@ -11,12 +12,15 @@
 //
 // DIR/cases.txt holds one call per line:
 //   world dtype numel average seq algorithm rs ag group sym min_bytes microshards rotate sr tune
-//   shadow
-// (dtype 0 fp32, 1 fp16, 2 bf16; the rest is qcomm.QuantConfig.as_tuple()). Call i reads
-// DIR/in<i>.bin (world inputs of numel elements, rank after rank) and writes DIR/out<i>.bin (the
-// ranks' results, in the same layout). Calls of one world size share their buffers (300 KiB per
-// rank, or argv[2] bytes), so that their barrier counts carry on as a group's do. Prints one line
-// per call; exits non-zero when a call fails (a rank's error, or a barrier that gave up).
+//   shadow [reduce_scatter all_gather [collective factor]]
+// (dtype 0 fp32, 1 fp16, 2 bf16; then qcomm.QuantConfig.as_tuple(); collective 0 allreduce, 1
+// reduce-scatter, 2 all-gather; factor: a reduce-scatter's PREMUL_SUM factor, 0 for none). Call i
+// reads DIR/in<i>.bin (world inputs, rank after rank: numel elements each, an all-gather's
+// numel / world) and writes DIR/out<i>.bin (the ranks' results in the same layout: numel
+// elements each, a reduce-scatter's numel / world). Calls of one world size share their buffers
+// (300 KiB per rank, or argv[2] bytes), so that their barrier counts carry on as a group's do.
+// Prints one line per call; exits non-zero when a call fails (a rank's error, or a barrier that
+// gave up).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -46,6 +50,10 @@ struct Case {
   bool average = false;
   uint32_t seq = 0;
   QuantConfig cfg;
+  int32_t collective = kAllreduce;
+  double factor = 0;  // a reduce-scatter's PREMUL_SUM factor (0: SUM or AVG)
+  int64_t inNumel() const { return collective == kAllGather ? numel / world : numel; }
+  int64_t outNumel() const { return collective == kReduceScatter ? numel / world : numel; }
 };
 
 bool parse(const std::string& line, Case* c) {
@@ -58,23 +66,34 @@ bool parse(const std::string& line, Case* c) {
   c->cfg.symmetric = sym != 0;
   c->cfg.stochasticRounding = sr != 0;
   c->cfg.tune = tune != 0;
-  return bool(in);
+  if (!in) return false;
+  int rsOn = 0, agOn = 0;
+  if (in >> rsOn >> agOn) {
+    c->cfg.reduceScatter = rsOn != 0;
+    c->cfg.allGather = agOn != 0;
+    if (in >> c->collective) in >> c->factor;
+  }
+  return true;
 }
 
 at::ScalarType scalarType(int32_t dtype) {
   return dtype == kFloat32 ? at::kFloat : (dtype == kFloat16 ? at::kHalf : at::kBFloat16);
 }
 
-// Runs call `c` on every rank's `data` (in place) over `buffers`; "" or the first error.
-std::string runCall(const Case& c, std::vector<at::Tensor>& data,
+// Runs call `c` on every rank's `data` over `buffers`, the results into `outs` (an allreduce's
+// in place: outs = data); "" or the first error.
+std::string runCall(const Case& c, std::vector<at::Tensor>& data, std::vector<at::Tensor>& outs,
                     std::vector<std::vector<uint8_t>>& buffers) {
   validateConfig(c.cfg);
   CallFacts f;
   f.numel = c.numel;
   f.dtype = c.dtype;
-  f.opSum = !c.average;
+  f.opSum = !c.average && c.factor == 0;
   f.opAvg = c.average;
+  f.opPremul = c.factor != 0;
+  f.premulFactor = c.factor;
   f.world = c.world;
+  f.collective = c.collective;
   Plan plan = makePlan(f, c.cfg);
   if (!plan.quantize) return "the config does not quantize: " + plan.reason;
   plan.callSeq = c.seq;
@@ -106,11 +125,19 @@ std::string runCall(const Case& c, std::vector<at::Tensor>& data,
                                            planFingerprint(plan));
         // the stream is the emulator's (every launch runs to its end before it returns)
         std::unique_ptr<CodecOps> ops = makeCudaCodecOps(nullptr);
-        runAllreduce(plan, t, *ops, work[size_t(r)]);
+        if (c.collective == kReduceScatter) {
+          runReduceScatter(plan, t, *ops, work[size_t(r)], outs[size_t(r)]);
+        } else if (c.collective == kAllGather) {
+          // the input into this rank's slot of the message (outs), then the gather phase
+          outs[size_t(r)].narrow(0, r * plan.chunkElems, plan.chunkElems).copy_(work[size_t(r)]);
+          runAllGather(plan, t, *ops, outs[size_t(r)]);
+        } else {
+          runAllreduce(plan, t, *ops, work[size_t(r)]);
+        }
       } catch (const std::exception& e) {
         failed[size_t(r)] = e.what();
       }
-      at::Tensor& out = work[size_t(r)];
+      at::Tensor& out = c.collective == kAllreduce ? work[size_t(r)] : outs[size_t(r)];
       ipcPoisonIfAbortedEmulate(peers, static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
     });
   }
@@ -150,38 +177,43 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "schedules: cannot read case %d: %s\n", i, line.c_str());
       return 2;
     }
-    const int64_t bytes = c.numel * dtypeBytes(c.dtype);
-    std::vector<uint8_t> raw(size_t(bytes) * size_t(c.world));
+    const int64_t inBytes = c.inNumel() * dtypeBytes(c.dtype);
+    const int64_t outBytes = c.outNumel() * dtypeBytes(c.dtype);
+    std::vector<uint8_t> raw(size_t(inBytes) * size_t(c.world));
     std::ifstream in(dir + "/in" + std::to_string(i) + ".bin", std::ios::binary);
     if (!in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size()))) {
       std::fprintf(stderr, "schedules: case %d: cannot read in%d.bin\n", i, i);
       return 2;
     }
-    std::vector<at::Tensor> data;
+    std::vector<at::Tensor> data, outs;
+    const auto options = at::TensorOptions().dtype(scalarType(c.dtype));
     for (int r = 0; r < c.world; ++r) {
-      at::Tensor t = at::empty({c.numel}, at::TensorOptions().dtype(scalarType(c.dtype)));
-      std::memcpy(t.data_ptr(), raw.data() + size_t(r) * size_t(bytes), size_t(bytes));
+      at::Tensor t = at::empty({c.inNumel()}, options);
+      std::memcpy(t.data_ptr(), raw.data() + size_t(r) * size_t(inBytes), size_t(inBytes));
       data.push_back(t);
+      outs.push_back(c.collective == kAllreduce ? t : at::empty({c.outNumel()}, options));
     }
     auto& bufs = buffers[c.world];
     if (bufs.empty()) bufs.assign(size_t(c.world), std::vector<uint8_t>(size_t(bufferBytes), 0));
     std::string error;
     try {
-      error = runCall(c, data, bufs);
+      error = runCall(c, data, outs, bufs);
     } catch (const std::exception& e) {
       error = e.what();
     }
     ++calls;
-    std::printf("call %d: world %d %s numel %lld %s rs %d ag %d rotate %d: %s\n", i, c.world,
-                algoName(c.cfg.algorithm), (long long)c.numel, c.average ? "avg" : "sum",
+    std::printf("call %d: %s world %d %s numel %lld %s rs %d ag %d rotate %d: %s\n", i,
+                collectiveName(c.collective), c.world, algoName(c.cfg.algorithm),
+                (long long)c.numel, c.average ? "avg" : (c.factor != 0 ? "premul" : "sum"),
                 c.cfg.rsBits, c.cfg.agBits, c.cfg.rotate, error.empty() ? "ran" : error.c_str());
     if (!error.empty()) {
       ++failures;
       continue;
     }
+    raw.resize(size_t(outBytes) * size_t(c.world));
     for (int r = 0; r < c.world; ++r) {
-      std::memcpy(raw.data() + size_t(r) * size_t(bytes), data[size_t(r)].data_ptr(),
-                  size_t(bytes));
+      std::memcpy(raw.data() + size_t(r) * size_t(outBytes), outs[size_t(r)].data_ptr(),
+                  size_t(outBytes));
     }
     std::ofstream out(dir + "/out" + std::to_string(i) + ".bin", std::ios::binary);
     out.write(reinterpret_cast<const char*>(raw.data()), std::streamsize(raw.size()));
