@@ -10,7 +10,7 @@ model on its own process group of every rank:
   gloo          FSDP2 on a Gloo group (what a user picks first)
   rs8           qnccl, QuantConfig(reduce_scatter=True): gradients at 8 bits
   rs8_ag8       qnccl, reduce_scatter and all_gather at 8 bits (weights gathered at 8 bits too)
-  rs4           qnccl, gradients at 4 bits (rotate=False: sharded calls are not rotated yet)
+  rs4           qnccl, gradients at 4 bits, unrotated (rotate=False, as first measured)
 
 Steps are interleaved: each round times one step (forward, backward, optimizer step) of every
 variant after a barrier, as the slowest rank's time. Rank 0 prints each variant's median step time

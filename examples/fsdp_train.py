@@ -133,7 +133,6 @@ def main() -> None:
         min_bytes=0,
         rs_bits=a.rs_bits,
         ag_bits=a.ag_bits,
-        rotate=False,
         reduce_scatter=True,
         all_gather=a.all_gather,
     )

@@ -215,7 +215,8 @@ void QncclBackend::runSharded(const Plan& plan, ShardedCall& call, ShardedStage&
   };
   if (plan.collective == kReduceScatter) {
     at::Tensor flatOut = st.shard.data().reshape({-1});  // the shard's own elements only
-    runReduceScatter(plan, transport, ops, needsPadding(plan) ? padded() : flat, flatOut, scratch);
+    at::Tensor in = needsPadding(plan) ? padded() : flat;
+    runReduceScatter(plan, transport, ops, in, flatOut, scratch);
     st.shard.finish();
   } else {
     if (needsPadding(plan)) {
