@@ -141,6 +141,17 @@ int64_t runOverIpc(const Plan& plan, IpcTransport& ipc, int rank, at::Tensor& da
                         [&](Transport& t, CodecOps& ops) { runAllreduce(plan, t, ops, data); });
 }
 
+// The stream a call runs on: the caller's current one, or (onSide) the group's side stream, made
+// to wait for the work already queued on the current one.
+c10::cuda::CUDAStream streamForCall(const c10::cuda::CUDAStream& side,
+                                    const c10::cuda::CUDAStream& current, bool onSide) {
+  if (!onSide) return current;
+  at::cuda::CUDAEvent ready;
+  ready.record(current);
+  ready.block(side);
+  return side;
+}
+
 bool isCapturing(const c10::cuda::CUDAStream& s) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(s.stream(), &status));
@@ -325,12 +336,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::launchCuda(const Plan& plan,
   // device epoch, so one must end before the next starts, whatever stream the caller is on; a
   // sync call then makes the current stream wait at once.
   const bool onSide = opts.asyncOp || useIpc;
-  const c10::cuda::CUDAStream run = onSide ? path.side : current;
-  if (onSide) {
-    at::cuda::CUDAEvent ready;
-    ready.record(current);
-    ready.block(run);
-  }
+  const c10::cuda::CUDAStream run = streamForCall(path.side, current, onSide);
   int64_t wire = 0;
   {
     c10::cuda::CUDAStreamGuard onRun(run);
@@ -401,12 +407,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::shardedCuda(const Plan& plan, Shard
     shared = false;
     // async ops and every IPC call on the side stream (launchCuda says why)
     const bool onSide = call.asyncOp || useIpc;
-    const c10::cuda::CUDAStream run = onSide ? path.side : current;
-    if (onSide) {
-      at::cuda::CUDAEvent ready;
-      ready.record(current);
-      ready.block(run);
-    }
+    const c10::cuda::CUDAStream run = streamForCall(path.side, current, onSide);
     int64_t wire = 0;
     {
       c10::cuda::CUDAStreamGuard onRun(run);
