@@ -174,7 +174,7 @@ def _run_sharded_calls(tmp_path, build_dir, calls):
             rs_bits=bits if coll == 1 else 8,
             ag_bits=bits if coll == 2 else 8,
             min_bytes=0,
-            rotate=False,  # sharded calls are not rotated (v1)
+            rotate=False,  # CUDA tensors' sharded calls are not rotated
             stochastic_rounding=stochastic,
             reduce_scatter=True,
             all_gather=True,
@@ -191,11 +191,12 @@ def _run_sharded_calls(tmp_path, build_dir, calls):
         )
         if coll == 1:
             res = ref.reduce_scatter(
-                xs, algorithm, bits, op=op, factor=factor, stochastic_seq=i if stochastic else None
-            )
+                xs, algorithm, bits, op=op, factor=factor, stochastic_seq=i if stochastic else None,
+                rotate=False,
+            )  # fmt: skip
             want = [r.out for r in res]
         else:
-            want = [ref.all_gather(xs, bits).out] * world
+            want = [ref.all_gather(xs, bits, rotate=False).out] * world
         expected.append((want, cpu))
     (tmp_path / "cases.txt").write_text("\n".join(lines) + "\n")
     rc, out = run_script(

@@ -224,7 +224,9 @@ def sharded_worker(rank, world):
         xs = inputs(world, shard * world, dtype, 900 + i)
         name = f"{algorithm} {dtype} shard={shard} rs={bits}"
         for k, (op, factor) in enumerate([("sum", None), ("avg", None), ("premul", 1 / 3)]):
-            want = ref.reduce_scatter(xs, algorithm, bits, op=op, factor=factor)[rank].out
+            want = ref.reduce_scatter(xs, algorithm, bits, op=op, factor=factor, rotate=False)[
+                rank
+            ].out
             red = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}.get(op) or premul(factor)
             x = xs[rank].cuda()
             if k == 1:  # in place: the output is this rank's own shard of the input
