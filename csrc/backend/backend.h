@@ -355,6 +355,9 @@ class QncclBackend : public c10d::Backend {
   // The CUDA form of the sharded path (backend_cuda.cpp): the allreduce's transport, agreement
   // and streams (allreduceCuda), the schedule of runSharded.
   c10::intrusive_ptr<c10d::Work> shardedCuda(const Plan& plan, ShardedCall& call);
+  // A CUDA call failed before its launches were shared with the peers: the group's IPC transport
+  // (if set up) is abandoned with the error, so that peers waiting on this rank stop.
+  void abandonIpc(const std::exception& e);
   void logSharded(const Plan& plan, const ShardedCall& call);
   // Shadow mode: the inner backend's exact result of the call, on copies of its input.
   at::Tensor exactOf(const ShardedCall& call);

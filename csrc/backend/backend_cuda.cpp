@@ -309,15 +309,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduceCuda(Plan plan,
     shared = false;
     return launchCuda(plan, tensors, msg, path, useIpc, opts, std::move(check));
   } catch (const std::exception& e) {
-    if (!shared && !capturing) {
-      std::shared_ptr<IpcTransport> ipc;
-      {
-        std::lock_guard<std::mutex> lock(cudaMutex_);
-        if (cuda_) ipc = cuda_->ipc;
-      }
-      const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-      if (ipc) ipc->abandon(c10 ? c10->what_without_backtrace() : e.what());
-    }
+    if (!shared && !capturing) abandonIpc(e);
     throw;
   }
 }
@@ -368,6 +360,16 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::launchCuda(const Plan& plan,
 // (allreduceCuda, launchCuda), the reduce half of plan.algorithm or the gather phase alone
 // (runSharded) with the CUDA codec kernels, over CUDA IPC where the group set it up with the
 // separate kernels, else over the inner NCCL backend.
+void QncclBackend::abandonIpc(const std::exception& e) {
+  std::shared_ptr<IpcTransport> ipc;
+  {
+    std::lock_guard<std::mutex> lock(cudaMutex_);
+    if (cuda_) ipc = cuda_->ipc;
+  }
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  if (ipc) ipc->abandon(c10 ? c10->what_without_backtrace() : e.what());
+}
+
 c10::intrusive_ptr<c10d::Work> QncclBackend::shardedCuda(const Plan& plan, ShardedCall& call) {
   const at::Tensor& t = call.message;
   const int device = t.device().index();
@@ -443,15 +445,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::shardedCuda(const Plan& plan, Shard
     return c10::make_intrusive<CudaWork>(getRank(), call.outputs, std::move(done), run,
                                          std::move(check));
   } catch (const std::exception& e) {
-    if (!shared && !capturing) {
-      std::shared_ptr<IpcTransport> ipc;
-      {
-        std::lock_guard<std::mutex> lock(cudaMutex_);
-        if (cuda_) ipc = cuda_->ipc;
-      }
-      const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-      if (ipc) ipc->abandon(c10 ? c10->what_without_backtrace() : e.what());
-    }
+    if (!shared && !capturing) abandonIpc(e);
     throw;
   }
 }
