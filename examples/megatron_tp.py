@@ -7,6 +7,12 @@ and backward once exact and once per quantized config (same weights, same input)
 is the relative L2 error of the output and of the input gradient against the exact run, and the
 TP group's counters.
 
+With ``--sequence-parallel`` Megatron runs the TP group's traffic as reduce-scatters and
+all-gathers along the sequence (``sequence_parallel=True``, the usual training setting): each rank
+holds its part of the sequence, and ``quantize_tensor_parallel(cfg, reduce_scatter=True,
+all_gather=...)`` quantizes them (``--sp-all-gather`` also quantizes the all-gathers, which changes
+what the forward computes with).
+
 GPUs (NCCL under qnccl; CUDA tensors are quantized once the CUDA path of issue 3 is built, until
 then they pass through exactly and the errors print as 0)::
 
@@ -15,6 +21,7 @@ then they pass through exactly and the errors print as 0)::
 CPU (Gloo under qnccl)::
 
     torchrun --nproc_per_node 2 examples/megatron_tp.py --cpu
+    torchrun --nproc_per_node 2 examples/megatron_tp.py --cpu --sequence-parallel --sp-all-gather
 """
 
 from __future__ import annotations
@@ -46,6 +53,17 @@ def parse_args():
     p.add_argument("--dtype", choices=DTYPES, default="fp32")
     p.add_argument("--algorithms", default="two_step,ring,semi_ring")
     p.add_argument("--bits", default="8/8,4/8,4/4", help="rs/ag pairs, comma separated")
+    p.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="sequence_parallel=True: the TP traffic is reduce-scatters (at rs bits) and "
+        "all-gathers, the sequence split over the TP ranks",
+    )
+    p.add_argument(
+        "--sp-all-gather",
+        action="store_true",
+        help="with --sequence-parallel: quantize the all-gathers too (at ag bits)",
+    )
     return p.parse_args()
 
 
@@ -60,7 +78,7 @@ def build_mlp(args, tp_size, device):
         use_cpu_initialization=on_cpu,  # the GPU init path needs the CUDA RNG tracker
         perform_initialization=True,
         gradient_accumulation_fusion=False,
-        sequence_parallel=False,
+        sequence_parallel=args.sequence_parallel,
     )
     torch.manual_seed(1234)
     if not on_cpu:
@@ -98,6 +116,10 @@ def main():
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.cpu:
         device = torch.device("cpu")
+        if args.sequence_parallel:
+            # Megatron's sequence-parallel gathers allocate their buffers on
+            # torch.cuda.current_device(); on CPU ranks that device is the CPU
+            torch.cuda.current_device = lambda: "cpu"
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["WORLD_SIZE"])))
     else:
         if not torch.cuda.is_available():
@@ -122,15 +144,26 @@ def main():
     dtype = DTYPES[args.dtype]
     x = torch.randn(args.seq, args.batch, args.hidden, generator=gen).to(device, dtype)
     g = torch.randn(args.seq, args.batch, args.hidden, generator=gen).to(device, dtype)
+    if args.sequence_parallel:  # this rank's part of the sequence
+        if args.seq % tp_size:
+            sys.exit(f"--seq {args.seq} is not a multiple of the TP size {tp_size}")
+        part = args.seq // tp_size
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        x = x[tp_rank * part : (tp_rank + 1) * part].contiguous()
+        g = g[tp_rank * part : (tp_rank + 1) * part].contiguous()
 
     t0 = time.perf_counter()
     y_e, dx_e = run(col, row, x, g)
     t_exact = time.perf_counter() - t0
     if rank == 0:
+        payload_mib = (
+            y_e.numel() * tp_size**args.sequence_parallel * torch.finfo(dtype).bits / 8 / 2**20
+        )
         print(
             f"world {world}, TP {tp_size}, {device.type}, {args.dtype}, MLP {args.hidden}->"
-            f"{args.ffn}->{args.hidden}, tokens {args.seq}x{args.batch}; TP allreduce "
-            f"{y_e.numel() * torch.finfo(dtype).bits / 8 / 2**20:.2f} MiB; exact run "
+            f"{args.ffn}->{args.hidden}, tokens {args.seq}x{args.batch}; TP "
+            f"{'reduce-scatter/all-gather' if args.sequence_parallel else 'allreduce'} "
+            f"{payload_mib:.2f} MiB; exact run "
             f"{t_exact * 1e3:.0f} ms"
         )
         print(f"{'algorithm':10s} {'rs/ag':6s} {'out rel L2':>11s} {'dgrad rel L2':>13s} "
@@ -139,7 +172,12 @@ def main():
         for bits in args.bits.split(","):
             rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
             cfg = qcomm.QuantConfig(algorithm=algo, rs_bits=rs, ag_bits=ag, min_bytes=0)
-            qcomm.megatron.quantize_tensor_parallel(cfg)
+            if args.sequence_parallel:
+                qcomm.megatron.quantize_tensor_parallel(
+                    cfg, reduce_scatter=True, all_gather=args.sp_all_gather
+                )
+            else:
+                qcomm.megatron.quantize_tensor_parallel(cfg)
             qcomm.reset_stats(tp)
             t0 = time.perf_counter()
             y_q, dx_q = run(col, row, x, g)
