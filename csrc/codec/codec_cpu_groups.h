@@ -32,20 +32,31 @@
 namespace qcomm {
 namespace cpu {
 
-// quantizeScaled's t = (v - mid) / scale + L/2 or v / scale, clamped and rounded as it does, as a
-// float code in [-qmax, qmax] or [0, L].
+// The stored code of v (quantizeScaled's), as an int32 whose low kBits bits are the code:
+// t = (v - mid) / scale + L/2 or v / scale, as quantizeScaled computes it, then x = t + 1.5 * 2^23
+// (roundHalfEven's first addition), then x's bits clamped as an int32 to those of
+// 1.5 * 2^23 + [0, L] or + [-qmax, qmax]. Why that is quantizeScaled's code: t is never NaN here
+// (finite v, finite nonzero parameters), and rounding to nearest never decreases as its argument
+// grows, so x is non-decreasing in t; the bits of a non-negative float order like the float and
+// those of a negative one (t below -1.5 * 2^23) lie below every positive float's; between
+// 1.5 * 2^23 - 127 and 1.5 * 2^23 + 255 a float's ulp is 1, so x there is an integer and its
+// bits are 0x4b400000 + (x - 1.5 * 2^23), whose low byte is the two's complement code (the low
+// byte of 0x4b400000 is 0). Hence the clamped bits give the code of roundHalfEven(t) clamped to
+// the same range, which is quantizeScaled's (a clamp to integer bounds commutes with a
+// non-decreasing rounding that keeps integers). It replaces the float clamps, the second
+// addition and the float-to-int conversion by two integer min/max, which vectorize (GCC leaves
+// quantizeScaled's clamp-then-round a scalar loop here: with trapping math it does not if-convert
+// the nested clamp, and it sinks the addition after a clamp into its branches).
 template <int kBits, bool kSym>
-QCOMM_ALWAYS_INLINE float roundedCode(float v, const GroupParams& p) {
-  if (kSym) {
-    const float qmax = qmaxSym(kBits);
-    float t = v / p.scale;
-    t = t < -qmax ? -qmax : (t > qmax ? qmax : t);
-    return roundHalfEven(t);
-  }
-  const float levels = levelsAsym(kBits);
-  float t = (v - p.mid) / p.scale + levels * 0.5f;
-  t = t < 0.0f ? 0.0f : (t > levels ? levels : t);
-  return roundHalfEven(t);
+QCOMM_ALWAYS_INLINE int32_t codeBits(float v, const GroupParams& p) {
+  const float kMagic = 12582912.0f;  // 1.5 * 2^23, codec.h roundHalfEven's
+  const int32_t kMagicBits = 0x4b400000;
+  const float t = kSym ? v / p.scale : (v - p.mid) / p.scale + levelsAsym(kBits) * 0.5f;
+  const int32_t lo = kSym ? kMagicBits - int32_t(qmaxSym(kBits)) : kMagicBits;
+  const int32_t hi = kMagicBits + int32_t(kSym ? qmaxSym(kBits) : levelsAsym(kBits));
+  int32_t b = int32_t(floatBits(t + kMagic));
+  b = b < lo ? lo : b;
+  return b > hi ? hi : b;
 }
 
 // The bits of a float as an int32 whose order is the float's (-0 below +0; NaNs outside the
@@ -91,7 +102,7 @@ QCOMM_ALWAYS_INLINE GroupParams groupParamsFixed(const float* v) {
 // narrowing (8 bits) or by the packing (4 bits).
 template <int kBits, bool kSym, int G>
 QCOMM_ALWAYS_INLINE void codesOf(const float* v, const GroupParams& p, uint8_t* codes) {
-  for (int i = 0; i < G; ++i) codes[i] = uint8_t(int(roundedCode<kBits, kSym>(v[i], p)));
+  for (int i = 0; i < G; ++i) codes[i] = uint8_t(codeBits<kBits, kSym>(v[i], p));
 }
 
 // The group's G values as fp32: fp32 input in place, 16-bit input widened into buf (codec.h
