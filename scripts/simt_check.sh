@@ -45,9 +45,45 @@ if [[ "${SIMT_TSAN:-0}" == 1 ]]; then
   export TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}"
 fi
 
+# The objects scripts/setup.sh built for the extension (build/temp.*, or QCOMM_BUILD_DIR's) are
+# linked as they are where ninja says one is up to date with its source and the headers it
+# includes, and none of those holds CUDA-only code (the extension compiles with QCOMM_WITH_CUDA=1):
+# the same sources compiled again here took minutes (codec_cpu.cpp alone 256 s of one core, -O2).
+# Not for the TSan build (instrumented objects), nor with SIMT_REUSE_EXT=0.
+NINJA="$(dirname "$PY")/ninja"
+EXT_DIR=""
+if [[ "${SIMT_TSAN:-0}" != 1 && "${SIMT_REUSE_EXT:-1}" == 1 && -x "$NINJA" ]]; then
+  for d in "${QCOMM_BUILD_DIR:-$ROOT/build}"/temp.*; do
+    if [[ -f "$d/build.ninja" ]] && grep -qF -- "-I$TORCH/include" "$d/build.ninja"; then
+      EXT_DIR="$(cd "$d" && pwd)"
+    fi
+  done
+fi
+[[ -n "$EXT_DIR" ]] && LIBS+=(-fopenmp)  # the extension's objects are compiled with -fopenmp
+ext_obj() {  # ext_obj SRC: the extension's up-to-date object for SRC, or nothing
+  local src="$1" o state cuda
+  [[ -n "$EXT_DIR" && "$src" == csrc/*.cpp ]] || return 0
+  o="$EXT_DIR/${src%.cpp}.o"
+  [[ -f "$o" ]] || return 0
+  state="$("$NINJA" -C "$EXT_DIR" -n "$o" 2>/dev/null || true)"
+  [[ "$state" == *"no work to do"* ]] || return 0
+  # the source and every header of this checkout ninja recorded for it
+  cuda="$("$NINJA" -C "$EXT_DIR" -t deps "$o" |
+    awk -v c="$ROOT/csrc/" 'NR > 1 && index($1, c) == 1 {print $1}' |
+    xargs -r grep -l QCOMM_WITH_CUDA "$src" 2>/dev/null || true)"
+  [[ -z "$cuda" ]] && echo "$o"
+  return 0
+}
+
 obj() {  # obj OUT SRC [flags...]: compile unless OUT is newer than every source it may include
-  local out="$1" src="$2"
+  local out="$1" src="$2" ext
   shift 2
+  ext="$(ext_obj "$src")"
+  if [[ -n "$ext" ]]; then
+    ln -sfn "$ext" "$out"
+    return 0
+  fi
+  [[ -L "$out" ]] && rm -f "$out"  # a link to an extension object that is now stale
   if [[ ! -f "$out" ]] || [[ -n "$(find csrc tests/native -newer "$out" -print -quit)" ]]; then
     "$CXX" "${FLAGS[@]}" "$@" -c "$src" -o "$out.tmp.$$" && mv "$out.tmp.$$" "$out"
   fi
