@@ -6,6 +6,8 @@
 // is widened once for the min/max pass and again for the quantizer, and 4-bit codes are packed
 // pair by pair. This file encodes the same bytes a faster way, for the full groups of the common
 // sizes (32..1024), deterministic rounding:
+//   * groups are taken a few at a time (blockGroups): the parameters of each, then the codes of
+//     each, so the parameters' dependent chains of instructions overlap across groups;
 //   * the group is widened to fp32 once, into a buffer that stays in L1 for both passes (fp32
 //     input is read in place), so the min/max pass and the quantizer each read it once;
 //   * groupParams and the quantizer loops see the group size G as a constant: fixed trip counts,
@@ -14,7 +16,8 @@
 //   * the division by the scale stays an IEEE division: codec.h's divideByScale (a reciprocal
 //     per group and two FMA corrections, bit-identical for scales in fastScaleRange) measured
 //     slower here with AVX2 and AVX-512 (8.9 against 10.2 GB/s and 9.7 against 11.3, fp32 8-bit
-//     asymmetric g128, one core of the dev VM's Xeon; the vector division is cheap on it);
+//     asymmetric g128, one core of the dev VM's Xeon; the vector division is cheap on it), and
+//     with AVX2 on a Zen 1 core as well (benchmarks/RESULTS.md section 2);
 //   * the clamp and the rounding are quantizeScaled's (ternary clamps, roundHalfEven), with no
 //     branch per element: non-finite and constant groups are decided once per group, as in
 //     encodeGroupValues;
@@ -117,7 +120,7 @@ QCOMM_ALWAYS_INLINE const float* groupFloats(const T* in, float* buf) {
   return buf;
 }
 
-// Where encodeFullGroup writes: the block's scale and midpoint arrays and its data section,
+// Where encodeFullGroups writes: the block's scale and midpoint arrays and its data section,
 // computed once per range of groups (each takes a division by the group size).
 struct BlockLayout {
   float* scales;
@@ -130,51 +133,73 @@ QCOMM_ALWAYS_INLINE BlockLayout blockLayout(uint8_t* block, int64_t n, const Cod
   return BlockLayout{scales, scales + numGroups(n, c), block + dataOffset(n, c)};
 }
 
-// Encode the full group g (G elements at in), deterministic rounding: the bytes of
-// encodeGroupValues<kBits, kSym>(in, G, n, c, g, block, no noise).
-template <int kBits, bool kSym, int G, class T>
-QCOMM_ALWAYS_INLINE void encodeFullGroup(const T* in, int64_t g, const BlockLayout& at) {
-  float buf[G];
-  const float* v = groupFloats<G>(in, buf);
-  const GroupParams p = groupParamsFixed<kBits, kSym, G>(v);
-  at.scales[g] = p.scale;
-  if (!kSym) at.mids[g] = p.mid;
-  uint8_t* out = at.data + g * (G * kBits / 8);
-  if (!paramsFinite(p) || p.scale == 0.0f) {
-    const uint32_t code = paramsFinite(p) ? zeroScaleCode<kBits, kSym>() : 0u;
-    const uint8_t byte = kBits == 8 ? uint8_t(code) : uint8_t(code | (code << 4));
-    for (int i = 0; i < G * kBits / 8; ++i) out[i] = byte;
-    return;
+// The number of full groups encodeGroupsFixed takes at once: their parameters are computed
+// first, then their codes. One group's codes wait on its min/max reduction and the scalar
+// arithmetic of its parameters (two divisions), a chain of dependent instructions that one group's
+// quantizer loop is too long for the CPU's out-of-order window to overlap with; the parameters of
+// independent groups overlap each other. Up to 1024 values (4 KiB as fp32, in L1), at most 8
+// groups; groups of 32 one at a time, as before (blocks of 8 measured 3% slower there, 1.08x
+// faster for groups of 128: the AVX2 loops on one Zen 1 core, benchmarks/RESULTS.md section 2).
+constexpr int blockGroups(int G) {
+  return G <= 32 || G >= 1024 ? 1 : (1024 / G > 8 ? 8 : 1024 / G);
+}
+
+// Encode the full groups g0..g0+k of x (k <= blockGroups(G)), deterministic rounding: the bytes of
+// encodeGroupValues<kBits, kSym>(group, G, n, c, g, block, no noise) for each. kRotate: each group
+// rotated first (codec.h rotateGroupInto; rotated blocks hold whole groups), the bytes of
+// encodeRotatedGroup.
+template <int kBits, bool kSym, bool kRotate, int G, class T>
+QCOMM_ALWAYS_INLINE void encodeFullGroups(const T* x, int64_t g0, int k, const BlockLayout& at) {
+  constexpr int K = blockGroups(G);
+  constexpr bool kInPlace = !kRotate && sizeof(T) == sizeof(float);
+  float buf[kInPlace ? 1 : K * G];
+  const float* v[K];
+  GroupParams p[K];
+  for (int j = 0; j < k; ++j) {
+    const T* in = x + (g0 + j) * G;
+    if (kRotate) {
+      rotateGroupInto(in, G, buf + j * G);
+      v[j] = buf + j * G;
+    } else {
+      v[j] = groupFloats<G>(in, buf + (kInPlace ? 0 : j * G));
+    }
+    p[j] = groupParamsFixed<kBits, kSym, G>(v[j]);
   }
-  if (kBits == 8) {
-    codesOf<8, kSym, G>(v, p, out);
-    return;
-  }
-  uint8_t codes[G];
-  codesOf<4, kSym, G>(v, p, codes);
-  // the even element in the low nibble
-  for (int i = 0; i < G / 2; ++i) {
-    out[i] = uint8_t((codes[2 * i] & 0xfu) | ((codes[2 * i + 1] & 0xfu) << 4));
+  for (int j = 0; j < k; ++j) {
+    const int64_t g = g0 + j;
+    at.scales[g] = p[j].scale;
+    if (!kSym) at.mids[g] = p[j].mid;
+    uint8_t* out = at.data + g * (G * kBits / 8);
+    if (!paramsFinite(p[j]) || p[j].scale == 0.0f) {
+      const uint32_t code = paramsFinite(p[j]) ? zeroScaleCode<kBits, kSym>() : 0u;
+      const uint8_t byte = kBits == 8 ? uint8_t(code) : uint8_t(code | (code << 4));
+      for (int i = 0; i < G * kBits / 8; ++i) out[i] = byte;
+      continue;
+    }
+    if (kBits == 8) {
+      codesOf<8, kSym, G>(v[j], p[j], out);
+      continue;
+    }
+    uint8_t codes[G];
+    codesOf<4, kSym, G>(v[j], p[j], codes);
+    // the even element in the low nibble
+    for (int i = 0; i < G / 2; ++i) {
+      out[i] = uint8_t((codes[2 * i] & 0xfu) | ((codes[2 * i + 1] & 0xfu) << 4));
+    }
   }
 }
 
-// Encode groups g0..g1 of x[0..n): full groups of G through encodeFullGroup, a short last group
-// through encodeGroupValues. kRotate: each group rotated first (codec.h rotateGroupInto; rotated
-// blocks hold whole groups), the bytes of encodeRotatedGroup.
+// Encode groups g0..g1 of x[0..n): full groups of G through encodeFullGroups, blockGroups(G) at a
+// time, a short last group through encodeGroupValues. kRotate: as encodeFullGroups.
 template <int kBits, bool kSym, bool kRotate, int G, class T>
 QCOMM_ALWAYS_INLINE void encodeGroupsFixed(const T* x, int64_t n, const CodecSpec& c, int64_t g0,
                                            int64_t g1, uint8_t* block) {
+  constexpr int K = blockGroups(G);
   const BlockLayout at = blockLayout(block, n, c);
   const int64_t full = n / G;
   const int64_t end = g1 < full ? g1 : full;
-  for (int64_t g = g0; g < end; ++g) {
-    if (kRotate) {
-      float rotated[G];
-      rotateGroupInto(x + g * G, G, rotated);
-      encodeFullGroup<kBits, kSym, G>(static_cast<const float*>(rotated), g, at);
-    } else {
-      encodeFullGroup<kBits, kSym, G>(x + g * G, g, at);
-    }
+  for (int64_t g = g0; g < end; g += K) {
+    encodeFullGroups<kBits, kSym, kRotate, G>(x, g, end - g < K ? int(end - g) : K, at);
   }
   for (int64_t g = end > g0 ? end : g0; g < g1; ++g) {
     encodeGroupValues<kBits, kSym>(x + g * G, groupLength(n, c, g), n, c, g, block, Noise{0, 0, 0});

@@ -95,6 +95,27 @@ def test_fixed_size_loops_match_reference(isa):
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_a_short_block_of_groups_with_special_ones(isa):
+    # the loops take up to 8 groups at a time (blockGroups: 8 of 64 and 128, 4 of 256, 2 of 512,
+    # 1 of 32 and 1024): 11 full groups leave a block of 3 (1 of 256, 1 of 512) at the end, here
+    # holding a NaN group, a constant one and a normal one, then a short last group
+    for bits, sym, g in itertools.product([8, 4], [False, True], GROUPS):
+        n = 11 * g + 5
+        dtype = DTYPES[(bits + g) % 3]
+        x = _values(n, g, seed=g + bits)
+        x[8 * g + 2] = float("nan")
+        x[9 * g : 10 * g] = -1.5
+        x = x.to(dtype)
+        c = ref.Codec(bits, g, sym)
+        b = _C._testing.codec_encode(x, bits, g, sym)
+        case = f"{isa} {bits}b sym={sym} g={g} {dtype}"
+        assert torch.equal(b, ref.encode_bytes(x, c)), f"{case}: wire bytes"
+        y = _C._testing.codec_decode(b, n, bits, g, sym)
+        assert torch.isnan(y[8 * g : 9 * g]).all(), f"{case}: the NaN group"
+        assert same_floats(y, ref.roundtrip(x, c)[0]), f"{case}: decoded values"
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
 def test_stochastic_rounding_keeps_its_loops(isa):
     salt = ref.noise_salt(11, 1, 0)
     for bits, sym, g in itertools.product([8, 4], [False, True], [32, 256]):
