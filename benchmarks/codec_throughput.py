@@ -20,7 +20,7 @@ allreduce.
    (``torch.zeros(encoded bytes, uint8)``, and ``torch.empty(n, fp32).fill_(0)`` minus
    ``out.fill_(0)`` into a preallocated tensor) and subtracted: the "net" columns.
    With --isas (default: every instruction set the codec loops are compiled for that this CPU
-   has, csrc/codec/codec_cpu.cpp), the same calls again with each one's loops
+   has, csrc/codec/codec_cpu_isa.h), the same calls again with each one's loops
    (qcomm._C._testing.set_cpu_isa), in a table side by side; the first table is the default's
    (QCOMM_CPU_ISA, else the widest).
 2. Where the time of a quantized allreduce goes (unless --no-allreduce): ``python -m qcomm.bench``
@@ -179,10 +179,32 @@ def microbench(opts) -> list:
 ONE_CORE_CASES = [
     ("fp32", 8, 128),
     ("bf16", 8, 128),
+    ("fp16", 8, 128),
     ("fp32", 4, 32),
     ("fp32", 4, 128),
     ("bf16", 4, 32),
 ]
+
+
+def reuses_outputs() -> bool:
+    """Whether this build's codec test hooks write into given outputs (out=): then --one-core
+    times the codec alone, else it subtracts the outputs' allocation, timed apart."""
+    import torch
+
+    from qcomm import _C
+
+    x = torch.zeros(256)
+    try:
+        _C._testing.codec_encode(
+            x,
+            8,
+            128,
+            False,
+            out=torch.empty(_C._testing.encoded_bytes(256, 8, 128, False), dtype=torch.uint8),
+        )
+    except TypeError:
+        return False
+    return True
 
 
 def one_core_bench(opts) -> list:
@@ -205,40 +227,57 @@ def one_core_bench(opts) -> list:
             x = base.to(dtype) if dname == "fp32" else torch.randn(n, generator=gen).to(dtype)
             enc = _C._testing.codec_encode(x, bits, gs, False)
             data[(size, dname, bits, gs)] = (x, enc, torch.empty_like(x))
+    t = _C._testing
+    reuse = reuses_outputs() and not opts.allocating_outputs
     for r in range(opts.rounds):
         for (size, dname, bits, gs), (x, enc, out) in data.items():
             n = x.numel()
             nbytes = enc.numel()
-            zeros_s = timeit(lambda nb=nbytes: torch.zeros(nb, dtype=torch.uint8), opts.min_time)
             copy_s = timeit(lambda out=out, x=x: out.copy_(x), opts.min_time)
-            # a fresh fp32 output's first touch (decode's output, the hop's partial sums)
-            pre = torch.empty(n, dtype=torch.float32)
-            fresh_s = timeit(
-                lambda n=n: torch.empty(n, dtype=torch.float32).fill_(0), opts.min_time
-            )
-            fp32_alloc_s = max(0.0, fresh_s - timeit(lambda pre=pre: pre.fill_(0), opts.min_time))
-            del pre
+            if reuse:
+                # every call writes into the same buffers: the codec's time alone
+                eo, do = torch.empty_like(enc), torch.empty(n, dtype=torch.float32)
+                po, ho = torch.empty(n, dtype=torch.float32), torch.empty_like(enc)
+                zeros_s = fp32_alloc_s = 0.0
+            else:
+                # each call allocates its outputs (a build without out=): their allocation and
+                # first touch timed apart and subtracted
+                eo = do = po = ho = None
+                zeros_s = timeit(
+                    lambda nb=nbytes: torch.zeros(nb, dtype=torch.uint8), opts.min_time
+                )
+                pre = torch.empty(n, dtype=torch.float32)
+                fresh_s = timeit(
+                    lambda n=n: torch.empty(n, dtype=torch.float32).fill_(0), opts.min_time
+                )
+                fp32_alloc_s = max(
+                    0.0, fresh_s - timeit(lambda pre=pre: pre.fill_(0), opts.min_time)
+                )
+                del pre
+            kw = {"out": eo} if reuse else {}
+            dkw = {"out": do} if reuse else {}
+            hkw = {"partial_out": po, "out": ho} if reuse else {}
             for isa in opts.isas:
-                before = _C._testing.set_cpu_isa(isa)
+                before = t.set_cpu_isa(isa)
                 try:
                     enc_s = timeit(
-                        lambda x=x, b=bits, g=gs: _C._testing.codec_encode(x, b, g, False),
+                        lambda x=x, b=bits, g=gs, kw=kw: t.codec_encode(x, b, g, False, **kw),
                         opts.min_time,
                     )
                     dec_s = timeit(
-                        lambda e=enc, n=n, b=bits, g=gs: _C._testing.codec_decode(
-                            e, n, b, g, False
+                        lambda e=enc, n=n, b=bits, g=gs, kw=dkw: t.codec_decode(
+                            e, n, b, g, False, **kw
                         ),
                         opts.min_time,
                     )
                     hop_s = timeit(
-                        lambda e=enc, x=x, b=bits, g=gs: _C._testing.codec_ops_hop(
-                            e, b, x, b, g, False
+                        lambda e=enc, x=x, b=bits, g=gs, kw=hkw: t.codec_ops_hop(
+                            e, b, x, b, g, False, **kw
                         ),
                         opts.min_time,
                     )
                 finally:
-                    _C._testing.set_cpu_isa(before)
+                    t.set_cpu_isa(before)
                 row = rows.setdefault(
                     (size, dname, bits, gs, isa),
                     dict(
@@ -557,10 +596,16 @@ def main(argv=None) -> int:
         help="interleaved rounds of --rotation and --one-core (default 5)",
     )
     ap.add_argument(
+        "--allocating-outputs",
+        action="store_true",
+        help="--one-core: let each call allocate its outputs and subtract their allocation, timed "
+        "apart, as for a build whose test hooks take no out= (to compare with one)",
+    )
+    ap.add_argument(
         "--one-core",
         action="store_true",
         help="only encode, decode, a ring hop and a copy of the same bytes, per instruction set, "
-        "interleaved over --rounds (fp32/bf16 8-bit g128, 4-bit g32 and g128, asymmetric)",
+        "interleaved over --rounds (fp32/bf16/fp16 8-bit g128, 4-bit g32 and g128, asymmetric)",
     )
     opts = ap.parse_args(argv)
 
@@ -596,20 +641,38 @@ def main(argv=None) -> int:
     if opts.one_core:
         if not opts.isas:
             opts.isas = [_C.cpu_isa()]
+        reuse = reuses_outputs() and not opts.allocating_outputs
+        print(
+            "# outputs: "
+            + (
+                "reused buffers (out=), nothing allocated in the timed calls"
+                if reuse
+                else "allocated by each call; their allocation timed apart and subtracted"
+            ),
+            flush=True,
+        )
         rows = one_core_bench(opts)
         print(
             f"\n## The CPU codec on one core, per instruction set ({opts.rounds} interleaved "
             "rounds; median GB/s of input bytes and its range over rounds, asymmetric)\n"
         )
         print(one_core_table(rows), flush=True)
-        print(
-            "\nencode: codec_encode minus its output allocation (torch.zeros of the encoded size, "
-            "timed in the same round); decode: codec_decode, minus a fresh fp32 output's first "
-            "touch (torch.empty(n).fill_(0) minus fill_ into a reused tensor, same round); hop: "
-            "codec_ops_hop (decode + add the local input + encode, bits in = out), minus the same "
-            "first touch of its fp32 partial sums; "
-            "copy: out.copy_(x) of the same input bytes into a reused tensor, one thread."
-        )
+        if reuse:
+            print(
+                "\nencode: codec_encode into a reused buffer; decode: codec_decode into a reused "
+                "fp32 tensor; hop: codec_ops_hop (decode + add the local input + encode, bits in = "
+                "out) into reused partial sums and bytes; copy: out.copy_(x) of the same input "
+                "bytes into a reused tensor, one thread."
+            )
+        else:
+            print(
+                "\nencode: codec_encode minus its output allocation (torch.zeros of the encoded "
+                "size, timed in the same round); decode: codec_decode, minus a fresh fp32 output's "
+                "first touch (torch.empty(n).fill_(0) minus fill_ into a reused tensor, same "
+                "round); hop: codec_ops_hop (decode + add the local input + encode, bits in = "
+                "out), minus the same first touch of its fp32 partial sums; copy: out.copy_(x) of "
+                "the same input bytes into a reused tensor, one thread."
+            )
         print(f"\n# {time.perf_counter() - start:.0f} s", flush=True)
         return 0
     if opts.rotation:

@@ -77,13 +77,25 @@ std::unique_ptr<CodecOps> codecOpsFor(const c10::Device& device) {
 
 // Encode a 1-D CPU tensor with one codec: returns the wire bytes. rotate: the rotated codec
 // (encodeRotatedBlock, whole groups; a raw codec, bits 0, then stores fp32).
+// `out`, where given, receives the result instead of a new tensor (benchmarks reuse one buffer, so
+// that a large output's first-touch page faults are not timed with the codec).
+at::Tensor outputOf(const c10::optional<at::Tensor>& out, int64_t n, at::ScalarType dtype) {
+  if (!out) return at::empty({n}, dtype);
+  TORCH_CHECK_VALUE(out->device().is_cpu() && out->scalar_type() == dtype && out->dim() == 1 &&
+                        out->numel() == n && out->is_contiguous(),
+                    "[qcomm] out: expected a contiguous 1-D CPU tensor of ", n, " ", dtype);
+  return *out;
+}
+
 at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmetric,
-                       py::object noiseSalt, int64_t noiseBase, bool rotate) {
+                       py::object noiseSalt, int64_t noiseBase, bool rotate,
+                       const c10::optional<at::Tensor>& into) {
   TORCH_CHECK_VALUE(x.device().is_cpu(), "[qcomm] codec: CPU tensors only");
   at::Tensor c = x.contiguous().view({-1});
   const CodecSpec spec =
       makeSpec(bits, groupSize, symmetric, rotate ? at::kFloat : c.scalar_type());
-  at::Tensor out = at::empty({encodedBytes(c.numel(), spec)}, at::kByte);  // every byte is written
+  // every byte is written
+  at::Tensor out = outputOf(into, encodedBytes(c.numel(), spec), at::kByte);
   const Noise noise = noiseOf(noiseSalt, noiseBase);
   if (rotate) {
     encodeRotatedBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec,
@@ -97,12 +109,12 @@ at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmet
 
 // Decode wire bytes of n elements to fp32 (rotate: and rotate each group back).
 at::Tensor codecDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSize, bool symmetric,
-                       at::ScalarType raw, bool rotate) {
+                       at::ScalarType raw, bool rotate, const c10::optional<at::Tensor>& into) {
   const CodecSpec spec = makeSpec(bits, groupSize, symmetric, raw);
   TORCH_CHECK_VALUE(bytes.scalar_type() == at::kByte && bytes.numel() == encodedBytes(n, spec),
                     "[qcomm] codec: expected ", encodedBytes(n, spec), " bytes");
   at::Tensor b = bytes.contiguous();
-  at::Tensor out = at::empty({n}, at::kFloat);
+  at::Tensor out = outputOf(into, n, at::kFloat);
   if (rotate) {
     decodeRotatedBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>());
   } else {
@@ -126,7 +138,9 @@ at::Tensor rotateToFloatT(const at::Tensor& x, int groupSize) {
 std::tuple<at::Tensor, at::Tensor> codecOpsHop(const at::Tensor& src, int inBits,
                                                const at::Tensor& local, int outBits, int groupSize,
                                                bool symmetric, py::object noiseSalt,
-                                               int64_t noiseBase) {
+                                               int64_t noiseBase,
+                                               const c10::optional<at::Tensor>& intoPartial,
+                                               const c10::optional<at::Tensor>& intoDst) {
   const c10::DeviceGuard guard(local.device());
   at::Tensor l = local.contiguous().view({-1});
   const int64_t n = l.numel();
@@ -136,8 +150,12 @@ std::tuple<at::Tensor, at::Tensor> codecOpsHop(const at::Tensor& src, int inBits
                         src.numel() == encodedBytes(n, in),
                     "[qcomm] hop: expected ", encodedBytes(n, in), " bytes on ", l.device());
   at::Tensor s = src.contiguous();
-  at::Tensor partial = at::empty({n}, l.options().dtype(at::kFloat));
-  at::Tensor dst = at::empty({encodedBytes(n, out)}, l.options().dtype(at::kByte));
+  at::Tensor partial = intoPartial && l.device().is_cpu()
+                           ? outputOf(intoPartial, n, at::kFloat)
+                           : at::empty({n}, l.options().dtype(at::kFloat));
+  at::Tensor dst = intoDst && l.device().is_cpu()
+                       ? outputOf(intoDst, encodedBytes(n, out), at::kByte)
+                       : at::empty({encodedBytes(n, out)}, l.options().dtype(at::kByte));
   codecOpsFor(l.device())
       ->decodeAddEncode(s.data_ptr<uint8_t>(), in, l.data_ptr(), in.rawDtype, n,
                         partial.data_ptr<float>(), out, dst.data_ptr<uint8_t>(),
@@ -449,17 +467,18 @@ std::vector<at::Tensor> ipcShardedEmulate(std::vector<at::Tensor> inputs,
 void registerTesting(py::module& m, py::object backendBase) {
   m.def("codec_encode", &codecEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
         py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0,
-        py::arg("rotate") = false);
+        py::arg("rotate") = false, py::arg("out") = py::none());
   m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
         py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat,
-        py::arg("rotate") = false);
+        py::arg("rotate") = false, py::arg("out") = py::none());
   m.def("rotate_to_float", &rotateToFloatT, py::arg("x"), py::arg("group_size"));
   m.def("encoded_bytes", [](int64_t n, int bits, int groupSize, bool symmetric) {
     return encodedBytes(n, CodecSpec{bits, groupSize, symmetric ? 1 : 0, kFloat32});
   });
   m.def("codec_ops_hop", &codecOpsHop, py::arg("src"), py::arg("in_bits"), py::arg("local"),
         py::arg("out_bits"), py::arg("group_size"), py::arg("symmetric"),
-        py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
+        py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0,
+        py::arg("partial_out") = py::none(), py::arg("out") = py::none());
   m.def("noise_salt", &noiseSalt, py::arg("call_seq"), py::arg("rank"), py::arg("phase"));
   m.def("cast_from_float", &castFloat, py::arg("x"), py::arg("dtype"));
   m.def("cast_to_float", &castToFloatT, py::arg("x"));
