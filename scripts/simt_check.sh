@@ -48,7 +48,8 @@ fi
 # The objects scripts/setup.sh built for the extension (build/temp.*, or QCOMM_BUILD_DIR's) are
 # linked as they are where ninja says one is up to date with its source and the headers it
 # includes, and none of those holds CUDA-only code (the extension compiles with QCOMM_WITH_CUDA=1):
-# the same sources compiled again here took minutes (codec_cpu.cpp alone 256 s of one core, -O2).
+# the same sources compiled again here took minutes (codec_cpu.cpp alone 256 s of one core, -O2,
+# when it held the loops of every instruction set).
 # Not for the TSan build (instrumented objects), nor with SIMT_REUSE_EXT=0.
 NINJA="$(dirname "$PY")/ninja"
 EXT_DIR=""
@@ -106,7 +107,12 @@ joined() {  # waits for every background compile; a failed one fails the script
 }
 
 bg_obj "$OUTDIR/simt.o" tests/native/simt/simt.cpp "${EMU[@]}"
-bg_obj "$OUTDIR/codec_cpu.o" csrc/codec/codec_cpu.cpp
+# the CPU codec: its threading and dispatch, and its loops once per instruction set
+CODEC_OBJS=()
+for f in codec_cpu codec_cpu_generic codec_cpu_avx2 codec_cpu_avx512; do
+  bg_obj "$OUTDIR/$f.o" "csrc/codec/$f.cpp"
+  CODEC_OBJS+=("$OUTDIR/$f.o")
+done
 bg_obj "$OUTDIR/settings.o" csrc/common/settings.cpp
 
 # the emulator's own test: scripts/simt_check.sh self [ok|divergent|...]
@@ -120,7 +126,7 @@ if [[ "$WHAT" == codec || "$WHAT" == all ]]; then
   bg_obj "$OUTDIR/codec_kernels.o" csrc/cuda/codec_kernels.cu "${KERNEL[@]}"
   bg_obj "$OUTDIR/codec_main.o" tests/native/simt/codec_main.cpp
   joined
-  "$CXX" "$OUTDIR/codec_main.o" "$OUTDIR/codec_kernels.o" "$OUTDIR/codec_cpu.o" \
+  "$CXX" "$OUTDIR/codec_main.o" "$OUTDIR/codec_kernels.o" "${CODEC_OBJS[@]}" \
     "$OUTDIR/settings.o" "$OUTDIR/simt.o" "${LIBS[@]}" -o "$OUTDIR/simt_codec"
   "$OUTDIR/simt_codec" "$@"
 fi
@@ -140,7 +146,7 @@ if [[ "$WHAT" == schedules ]]; then
   bg_obj "$OUTDIR/schedule_main.o" tests/native/simt/schedule_main.cpp
   joined
   "$CXX" "$OUTDIR/schedule_main.o" "${objs[@]}" "$OUTDIR/cuda_codec_ops.o" \
-    "$OUTDIR/codec_kernels.o" "$OUTDIR/codec_cpu.o" "$OUTDIR/settings.o" "$OUTDIR/simt.o" \
+    "$OUTDIR/codec_kernels.o" "${CODEC_OBJS[@]}" "$OUTDIR/settings.o" "$OUTDIR/simt.o" \
     "${LIBS[@]}" -o "$OUTDIR/simt_schedules"
   exec "$OUTDIR/simt_schedules" "$@"
 fi

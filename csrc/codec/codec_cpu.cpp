@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "codec/codec_cpu_groups.h"
+#include "codec/codec_cpu_isa.h"
 #include "common/settings.h"
 
 namespace qcomm {
@@ -41,194 +41,42 @@ void forElems(int64_t n, F&& f) {
 
 // ---- the group loops, compiled once per instruction set and chosen at run time ----
 //
-// The same source (codec.h's per-group functions, inlined) compiled for the baseline x86-64, for
-// AVX2 and for AVX-512, so the compiler can vectorize the loops wider where the CPU allows. The
-// results are the same bits: every operation is an IEEE single-precision one, rounded to nearest
-// the same way at every vector width, contraction stays off (setup.py -ffp-contract=off holds for
-// these functions too; codec.h's explicit fmaf is exact either way), and the reductions are
-// min/max, which do not depend on order (codec.h groupParams). tests/test_cpu_isa.py compares
-// every instruction set this CPU has with the reference model.
+// codec_cpu_loops.h compiled for the baseline x86-64, for AVX2 and for AVX-512 (one unit each,
+// codec_cpu_isa.h's tables). The results are the same bits: every operation is an IEEE
+// single-precision one, rounded to nearest the same way at every vector width, contraction stays
+// off (setup.py -ffp-contract=off; FMAs are explicit and give codec.h's divideByScale, RN(x / s)
+// exactly), and the reductions are min/max, which do not depend on order (codec.h groupParams).
+// tests/codec/test_cpu_isa.py compares every instruction set this CPU has with the reference model.
 
-//
-// Deterministic encodes of the common group sizes take codec_cpu_groups.h's fixed-size loops (the
-// same bytes, vectorized); stochastic rounding and other sizes take codec.h's per-group functions.
-template <bool kRotate>
-QCOMM_ALWAYS_INLINE bool encodeRangeFast(const void* x, int32_t dtype, int64_t n,
-                                         const CodecSpec& c, int64_t g0, int64_t g1, uint8_t* dst,
-                                         const Noise& noise) {
-  if (noise.on) return false;
-  switch (dtype) {
-    case kFloat32:
-      return cpu::encodeGroupsFast<kRotate>(static_cast<const float*>(x), n, c, g0, g1, dst);
-    case kFloat16:
-      return cpu::encodeGroupsFast<kRotate>(static_cast<const fp16_t*>(x), n, c, g0, g1, dst);
-    default:
-      return cpu::encodeGroupsFast<kRotate>(static_cast<const bf16_t*>(x), n, c, g0, g1, dst);
-  }
-}
-
-QCOMM_ALWAYS_INLINE void encodeRange(const void* x, int32_t dtype, int64_t n, const CodecSpec& c,
-                                     int64_t g0, int64_t g1, uint8_t* dst, const Noise& noise) {
-  if (encodeRangeFast<false>(x, dtype, n, c, g0, g1, dst, noise)) return;
-  switch (dtype) {
-    case kFloat32:
-      for (int64_t g = g0; g < g1; ++g)
-        encodeGroup(static_cast<const float*>(x), n, c, g, dst, noise);
-      break;
-    case kFloat16:
-      for (int64_t g = g0; g < g1; ++g)
-        encodeGroup(static_cast<const fp16_t*>(x), n, c, g, dst, noise);
-      break;
-    default:
-      for (int64_t g = g0; g < g1; ++g)
-        encodeGroup(static_cast<const bf16_t*>(x), n, c, g, dst, noise);
-  }
-}
-
-QCOMM_ALWAYS_INLINE void decodeRange(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0,
-                                     int64_t g1, float* out, bool accumulate) {
-  if (accumulate) {
-    for (int64_t g = g0; g < g1; ++g) decodeGroup<true>(src, n, c, g, out);
-  } else {
-    for (int64_t g = g0; g < g1; ++g) decodeGroup<false>(src, n, c, g, out);
-  }
-}
-
-// The rotated forms (codec.h encodeRotatedGroup, decodeRotatedGroup, rotateGroupInto): whole
-// groups, each rotated in a local buffer between the message and the quantizer.
-QCOMM_ALWAYS_INLINE void encodeRotatedRange(const void* x, int32_t dtype, int64_t n,
-                                            const CodecSpec& c, int64_t g0, int64_t g1,
-                                            uint8_t* dst, const Noise& noise) {
-  if (encodeRangeFast<true>(x, dtype, n, c, g0, g1, dst, noise)) return;
-  switch (dtype) {
-    case kFloat32:
-      for (int64_t g = g0; g < g1; ++g)
-        encodeRotatedGroup(static_cast<const float*>(x), n, c, g, dst, noise);
-      break;
-    case kFloat16:
-      for (int64_t g = g0; g < g1; ++g)
-        encodeRotatedGroup(static_cast<const fp16_t*>(x), n, c, g, dst, noise);
-      break;
-    default:
-      for (int64_t g = g0; g < g1; ++g)
-        encodeRotatedGroup(static_cast<const bf16_t*>(x), n, c, g, dst, noise);
-  }
-}
-
-QCOMM_ALWAYS_INLINE void decodeRotatedRange(const uint8_t* src, int64_t n, const CodecSpec& c,
-                                            int64_t g0, int64_t g1, float* out) {
-  for (int64_t g = g0; g < g1; ++g) decodeRotatedGroup(src, n, c, g, out);
-}
-
-// out[group] = H float(x[group]) for groups g0..g1 of `groupSize`; out may be x (fp32).
-template <class T>
-QCOMM_ALWAYS_INLINE void rotateGroups(const T* x, int groupSize, int64_t g0, int64_t g1,
-                                      float* out) {
-  float buf[kMaxGroupSize];
-  for (int64_t g = g0; g < g1; ++g) {
-    rotateGroupInto(x + g * groupSize, groupSize, buf);
-    float* o = out + g * groupSize;
-    for (int i = 0; i < groupSize; ++i) o[i] = buf[i];
-  }
-}
-
-QCOMM_ALWAYS_INLINE void rotateRange(const void* x, int32_t dtype, int groupSize, int64_t g0,
-                                     int64_t g1, float* out) {
-  switch (dtype) {
-    case kFloat32:
-      rotateGroups(static_cast<const float*>(x), groupSize, g0, g1, out);
-      break;
-    case kFloat16:
-      rotateGroups(static_cast<const fp16_t*>(x), groupSize, g0, g1, out);
-      break;
-    default:
-      rotateGroups(static_cast<const bf16_t*>(x), groupSize, g0, g1, out);
-  }
-}
-
-using EncodeRangeFn = void (*)(const void*, int32_t, int64_t, const CodecSpec&, int64_t, int64_t,
-                               uint8_t*, const Noise&);
-using DecodeRangeFn = void (*)(const uint8_t*, int64_t, const CodecSpec&, int64_t, int64_t, float*,
-                               bool);
-using DecodeRotatedRangeFn = void (*)(const uint8_t*, int64_t, const CodecSpec&, int64_t, int64_t,
-                                      float*);
-using RotateRangeFn = void (*)(const void*, int32_t, int, int64_t, int64_t, float*);
-
-#define QCOMM_GROUP_LOOPS(NAME, TARGET, ENCODE_TARGET)                                           \
-  ENCODE_TARGET void encodeRange##NAME(const void* x, int32_t dtype, int64_t n,                  \
-                                       const CodecSpec& c, int64_t g0, int64_t g1, uint8_t* dst, \
-                                       const Noise& noise) {                                     \
-    encodeRange(x, dtype, n, c, g0, g1, dst, noise);                                             \
-  }                                                                                              \
-  TARGET void decodeRange##NAME(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0,   \
-                                int64_t g1, float* out, bool accumulate) {                       \
-    decodeRange(src, n, c, g0, g1, out, accumulate);                                             \
-  }                                                                                              \
-  ENCODE_TARGET void encodeRotatedRange##NAME(const void* x, int32_t dtype, int64_t n,           \
-                                              const CodecSpec& c, int64_t g0, int64_t g1,        \
-                                              uint8_t* dst, const Noise& noise) {                \
-    encodeRotatedRange(x, dtype, n, c, g0, g1, dst, noise);                                      \
-  }                                                                                              \
-  TARGET void decodeRotatedRange##NAME(const uint8_t* src, int64_t n, const CodecSpec& c,        \
-                                       int64_t g0, int64_t g1, float* out) {                     \
-    decodeRotatedRange(src, n, c, g0, g1, out);                                                  \
-  }                                                                                              \
-  TARGET void rotateRange##NAME(const void* x, int32_t dtype, int groupSize, int64_t g0,         \
-                                int64_t g1, float* out) {                                        \
-    rotateRange(x, dtype, groupSize, g0, g1, out);                                               \
-  }
-
-QCOMM_GROUP_LOOPS(Generic, , )
-
-struct GroupLoops {
-  const char* name;
-  EncodeRangeFn encode;
-  DecodeRangeFn decode;
-  EncodeRangeFn encodeRotated;
-  DecodeRotatedRangeFn decodeRotated;
-  RotateRangeFn rotate;
+struct IsaLoops {
+  const GroupLoops* loops;
   bool (*supported)();
 };
 
 bool always() { return true; }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#define QCOMM_AVX2 "avx2,fma,bmi2"
-#define QCOMM_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2"
-// The AVX-512 encoders with AVX-512 instructions on 256-bit vectors: the fixed-size loops'
-// reductions end in a horizontal step per group, which a 512-bit vector makes longer; measured
-// (fp32 4-bit asymmetric, one core of the dev VM's Xeon, a standalone harness, interleaved medians)
-// g32 7.2 against 4.5 GB/s, g128 10.9 against 10.8.
-QCOMM_GROUP_LOOPS(Avx2, __attribute__((target(QCOMM_AVX2))), __attribute__((target(QCOMM_AVX2))))
-QCOMM_GROUP_LOOPS(Avx512, __attribute__((target(QCOMM_AVX512))),
-                  __attribute__((target(QCOMM_AVX512 ",prefer-vector-width=256"))))
-
+// The CPU's instructions, read here, in code compiled for the baseline: the AVX units' code never
+// runs unless these say it can.
 bool hasAvx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("bmi2");
+         __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
 }
 bool hasAvx512() {
   return hasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-constexpr GroupLoops kLoops[] = {
-    {"generic", encodeRangeGeneric, decodeRangeGeneric, encodeRotatedRangeGeneric,
-     decodeRotatedRangeGeneric, rotateRangeGeneric, always},
-    {"avx2", encodeRangeAvx2, decodeRangeAvx2, encodeRotatedRangeAvx2, decodeRotatedRangeAvx2,
-     rotateRangeAvx2, hasAvx2},
-    {"avx512", encodeRangeAvx512, decodeRangeAvx512, encodeRotatedRangeAvx512,
-     decodeRotatedRangeAvx512, rotateRangeAvx512, hasAvx512}};
+constexpr IsaLoops kLoops[] = {
+    {&kGenericLoops, always}, {&kAvx2Loops, hasAvx2}, {&kAvx512Loops, hasAvx512}};
 #else
-constexpr GroupLoops kLoops[] = {{"generic", encodeRangeGeneric, decodeRangeGeneric,
-                                  encodeRotatedRangeGeneric, decodeRotatedRangeGeneric,
-                                  rotateRangeGeneric, always}};
+constexpr IsaLoops kLoops[] = {{&kGenericLoops, always}};
 #endif
 constexpr int kNumLoops = int(sizeof(kLoops) / sizeof(kLoops[0]));
 
 int loopsIndex(const std::string& name) {
   for (int i = 0; i < kNumLoops; ++i) {
-    if (name == kLoops[i].name) return i;
+    if (name == kLoops[i].loops->name) return i;
   }
   return -1;
 }
@@ -240,7 +88,7 @@ int selectCpuIsa(const std::string& name, const char* what) {
   int best = 0;
   for (int i = 0; i < kNumLoops; ++i) {
     if (!kLoops[i].supported()) continue;
-    have += std::string(have.empty() ? "" : ", ") + kLoops[i].name;
+    have += std::string(have.empty() ? "" : ", ") + kLoops[i].loops->name;
     best = i;
   }
   if (name == "auto") return best;
@@ -264,7 +112,7 @@ const GroupLoops& groupLoops() {
     int expected = -1;
     if (!chosenLoops.compare_exchange_strong(expected, i)) i = expected;
   }
-  return kLoops[i];
+  return *kLoops[i].loops;
 }
 
 // bits 0: the elements cast to c.rawDtype
@@ -334,7 +182,7 @@ void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, ui
   // The padding between metadata and data is zeroed so the wire bytes are fully determined.
   const int64_t meta = metaBytes(n, c);
   std::memset(dst + meta, 0, size_t(dataOffset(n, c) - meta));
-  const EncodeRangeFn encode = groupLoops().encode;
+  const auto encode = groupLoops().encode;
   forGroupRanges(numGroups(n, c),
                  [&](int64_t g0, int64_t g1) { encode(x, dtype, n, c, g0, g1, dst, noise); });
 }
@@ -345,7 +193,7 @@ void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, 
     toFloatDispatch(src, c.rawDtype, n, out, accumulate);
     return;
   }
-  const DecodeRangeFn decode = groupLoops().decode;
+  const auto decode = groupLoops().decode;
   forGroupRanges(numGroups(n, c),
                  [&](int64_t g0, int64_t g1) { decode(src, n, c, g0, g1, out, accumulate); });
 }
@@ -393,7 +241,7 @@ void decodeAddEncodeBlock(const uint8_t* src, const CodecSpec& in, const void* l
 std::vector<std::string> cpuIsas() {
   std::vector<std::string> out;
   for (int i = 0; i < kNumLoops; ++i) {
-    if (kLoops[i].supported()) out.push_back(kLoops[i].name);
+    if (kLoops[i].supported()) out.push_back(kLoops[i].loops->name);
   }
   return out;
 }
@@ -426,7 +274,7 @@ void requireWholeGroups(int64_t n, int groupSize, const char* what) {
 
 void rotateToFloat(const void* x, int32_t dtype, int64_t n, int groupSize, float* out) {
   requireWholeGroups(n, groupSize, "rotation");
-  const RotateRangeFn rotate = groupLoops().rotate;
+  const auto rotate = groupLoops().rotate;
   forGroupRanges(n / groupSize,
                  [&](int64_t g0, int64_t g1) { rotate(x, dtype, groupSize, g0, g1, out); });
 }
@@ -457,7 +305,7 @@ void encodeRotatedBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec
   }
   const int64_t meta = metaBytes(n, c);
   std::memset(dst + meta, 0, size_t(dataOffset(n, c) - meta));
-  const EncodeRangeFn encode = groupLoops().encodeRotated;
+  const auto encode = groupLoops().encodeRotated;
   forGroupRanges(numGroups(n, c),
                  [&](int64_t g0, int64_t g1) { encode(x, dtype, n, c, g0, g1, dst, noise); });
 }
@@ -476,7 +324,7 @@ void decodeRotatedBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float
     });
     return;
   }
-  const DecodeRotatedRangeFn decode = groupLoops().decodeRotated;
+  const auto decode = groupLoops().decodeRotated;
   forGroupRanges(numGroups(n, c), [&](int64_t g0, int64_t g1) { decode(src, n, c, g0, g1, out); });
 }
 

@@ -1,252 +1,385 @@
-// The CPU's encoder for whole groups of a size fixed at compile time, over codec.h's arithmetic.
+// The CPU codec's loops over whole groups of a size fixed at compile time, on codec_simd.h's
+// vectors: the bytes and values of codec.h's encodeGroupValues and decodeGroupValues, faster.
 //
-// codec.h's encodeGroupValues is the definition of the wire bytes, written for any group length
-// and shared with the CUDA kernels. Compiled for the CPU it leaves most cycles on the table: the
-// group length is known only at run time, every element pays an IEEE division, a bf16/fp16 input
-// is widened once for the min/max pass and again for the quantizer, and 4-bit codes are packed
-// pair by pair. This file encodes the same bytes a faster way, for the full groups of the common
-// sizes (32..1024), deterministic rounding:
-//   * groups are taken a few at a time (blockGroups): the parameters of each, then the codes of
-//     each, so the parameters' dependent chains of instructions overlap across groups;
-//   * the group is widened to fp32 once, into a buffer that stays in L1 for both passes (fp32
-//     input is read in place), so the min/max pass and the quantizer each read it once;
-//   * groupParams and the quantizer loops see the group size G as a constant: fixed trip counts,
-//     no tails, which the compiler unrolls and vectorizes at the width of the instruction set the
-//     caller is compiled for (codec_cpu.cpp);
-//   * the division by the scale stays an IEEE division: codec.h's divideByScale (a reciprocal
-//     per group and two FMA corrections, bit-identical for scales in fastScaleRange) measured
-//     slower here with AVX2 and AVX-512 (8.9 against 10.2 GB/s and 9.7 against 11.3, fp32 8-bit
-//     asymmetric g128, one core of the dev VM's Xeon; the vector division is cheap on it), and
-//     with AVX2 on a Zen 1 core as well (benchmarks/RESULTS.md section 2);
-//   * the clamp and the rounding are quantizeScaled's (ternary clamps, roundHalfEven), with no
-//     branch per element: non-finite and constant groups are decided once per group, as in
-//     encodeGroupValues;
-//   * 4-bit codes are written to a byte buffer first and packed two by two in a separate loop
-//     over whole bytes, which vectorizes (the pairwise form of encodeGroupValues does not).
-// Stochastic rounding, the last (short) group and any other group size go through
-// encodeGroupValues unchanged. tests/codec/test_cpu_groups.py compares both paths, every
-// instruction set, with the reference model.
+// codec.h is the definition of the wire format, written for any group length and shared with the
+// CUDA kernels. Compiled for the CPU as it is, it leaves most cycles unused: the per-group
+// parameters are a chain of dependent scalar work (a horizontal reduction, two divisions) between
+// one group's values and its codes, and the compiler vectorizes the min/max pass, the clamp and
+// the packing poorly. Here, for full groups of 32..1024 (every size the config allows):
+//   * groups go eight at a time, one per vector lane of their parameters: each group's values are
+//     reduced to one vector of partial minima and maxima, the eight vectors are reduced together
+//     (simd::reduce8), and the scales and midpoints of all eight are computed by vector
+//     divisions, as paramsFromMinMax / paramsFromAbsmax compute one;
+//   * the min/max pass reads the values once (a bf16/fp16 group is widened on the fly) and the
+//     quantizer reads them again from L1 or L2 (eight groups of 1024 fp32 values are 32 KiB);
+//   * the quantizer is quantizeScaled's: an IEEE division by the scale, the clamp as float
+//     min/max, roundHalfEven's first addition, whose bits hold the code, packed 32 at a time;
+//   * non-finite and constant groups are found once per eight groups (a lane mask) and written as
+//     encodeGroupValues writes them;
+//   * stochastic rounding draws codec.h's noiseAt for eight elements at once.
+// A short last group (and a group size outside 32..1024) goes through codec.h unchanged.
+// tests/codec/test_cpu_groups.py and test_cpu_isa.py compare every path, at every level this CPU
+// has, with the reference model.
 #pragma once
 
 #include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
 
 #include "codec/codec.h"
+#include "codec/codec_simd.h"
 
 namespace qcomm {
-namespace cpu {
+namespace QCOMM_SIMD_NS {
 
-// The stored code of v (quantizeScaled's), as an int32 whose low kBits bits are the code:
-// t = (v - mid) / scale + L/2 or v / scale, as quantizeScaled computes it, then x = t + 1.5 * 2^23
-// (roundHalfEven's first addition), then x's bits clamped as an int32 to those of
-// 1.5 * 2^23 + [0, L] or + [-qmax, qmax]. Why that is quantizeScaled's code: t is never NaN here
-// (finite v, finite nonzero parameters), and rounding to nearest never decreases as its argument
-// grows, so x is non-decreasing in t; the bits of a non-negative float order like the float and
-// those of a negative one (t below -1.5 * 2^23) lie below every positive float's; between
-// 1.5 * 2^23 - 127 and 1.5 * 2^23 + 255 a float's ulp is 1, so x there is an integer and its
-// bits are 0x4b400000 + (x - 1.5 * 2^23), whose low byte is the two's complement code (the low
-// byte of 0x4b400000 is 0). Hence the clamped bits give the code of roundHalfEven(t) clamped to
-// the same range, which is quantizeScaled's (a clamp to integer bounds commutes with a
-// non-decreasing rounding that keeps integers). It replaces the float clamps, the second
-// addition and the float-to-int conversion by two integer min/max, which vectorize (GCC leaves
-// quantizeScaled's clamp-then-round a scalar loop here: with trapping math it does not if-convert
-// the nested clamp, and it sinks the addition after a clamp into its branches).
-template <int kBits, bool kSym>
-QCOMM_ALWAYS_INLINE int32_t codeBits(float v, const GroupParams& p) {
-  const float kMagic = 12582912.0f;  // 1.5 * 2^23, codec.h roundHalfEven's
-  const int32_t kMagicBits = 0x4b400000;
-  const float t = kSym ? v / p.scale : (v - p.mid) / p.scale + levelsAsym(kBits) * 0.5f;
-  const int32_t lo = kSym ? kMagicBits - int32_t(qmaxSym(kBits)) : kMagicBits;
-  const int32_t hi = kMagicBits + int32_t(kSym ? qmaxSym(kBits) : levelsAsym(kBits));
-  int32_t b = int32_t(floatBits(t + kMagic));
-  b = b < lo ? lo : b;
-  return b > hi ? hi : b;
+using simd::vf;
+using simd::vi;
+using simd::vu;
+
+constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23, codec.h roundHalfEven's
+constexpr int32_t kMagicBits = 0x4b400000;
+constexpr int kBlock = simd::kLanes;  // groups whose parameters are computed together
+
+// codec.h hash32, lane by lane.
+QCOMM_SIMD_INLINE vu hash32x8(vu x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
 }
 
-// The bits of a float as an int32 whose order is the float's (-0 below +0; NaNs outside the
-// infinities): flip the magnitude bits of negative values. Its own inverse.
-QCOMM_ALWAYS_INLINE int32_t orderedBits(uint32_t u) {
-  return int32_t(u ^ (uint32_t(int32_t(u) >> 31) & 0x7fffffffu));
+// codec.h noiseAt for the eight elements idx..idx+7 of the block.
+QCOMM_SIMD_INLINE vf noise8(const Noise& nz, int64_t idx) {
+  const uint64_t i0 = uint64_t(nz.base + idx);
+  const vu first = vu{0, 0, 0, 0, 0, 0, 0, 0} + uint32_t(i0);
+  const vu lo = first + vu{0, 1, 2, 3, 4, 5, 6, 7};
+  const vu carry = (vu)(lo < first);  // all ones where the low word wrapped
+  const vu hi = (vu{0, 0, 0, 0, 0, 0, 0, 0} + uint32_t(i0 >> 32)) - carry;
+  const vu h = hash32x8(hash32x8(lo) ^ hi ^ nz.salt);
+  return __builtin_convertvector((vi)(h >> 8), vf) * 5.9604644775390625e-8f;
 }
 
-// groupParams(v, G, kBits, kSym) of G values, in a form that vectorizes. codec.h's loop compares
-// floats (x < lo, and |x| <= FLT_MAX for the non-finite flag), which GCC leaves scalar with
-// trapping math on (as this project builds): it was most of the encoder's time. Here every
-// reduction is an integer min or max, which vectorizes at any width:
-//   symmetric: the magnitude bits (as unsigned) order like the magnitudes, and are at least those
-//     of +Inf exactly for a NaN or an Inf, so one max gives both the absmax and the flag;
-//   asymmetric: orderedBits orders like the values; a NaN or Inf lies above FLT_MAX's key or
-//     below -FLT_MAX's, so the min and max give the flag too.
-// Min and max are the same values in any order; where the float loop may return -0 or +0 for a
-// zero min or max, paramsFromMinMax normalises the sign, as codec.h groupParams relies on. A
-// non-finite group's min and max are not used.
-template <int kBits, bool kSym, int G>
-QCOMM_ALWAYS_INLINE GroupParams groupParamsFixed(const float* v) {
-  if (kSym) {
-    uint32_t mag = 0;
-    for (int i = 0; i < G; ++i) {
-      const uint32_t m = floatBits(v[i]) & 0x7fffffffu;
-      mag = m > mag ? m : mag;
+// The parameters of a block of up to eight groups, lane j for group j.
+struct BlockParams {
+  alignas(32) float scale[kBlock];
+  alignas(32) float mid[kBlock];
+  int ordinary;  // bit j: group j's scale is finite and nonzero (else it is written whole)
+  int inRange;   // bit j: no value of group j needs quantizeScaled's clamp (below)
+};
+
+// groupParams of the eight groups at v[0..8) (G values of T each), eight lanes at a time. Min and
+// max are the same values in any order; a NaN or an Inf shows in the maximum of the magnitudes'
+// bits (at least 0x7f800000, the bits of +Inf), as codec.h's `!(|x| <= FLT_MAX)` flags it.
+template <int kBits, bool kSym, int G, class T>
+QCOMM_SIMD_INLINE void blockParams(const T* const* v, BlockParams& bp) {
+  vi mag[kBlock];
+  vf lo[kBlock], hi[kBlock];
+  for (int j = 0; j < kBlock; ++j) {
+    const int s = simd::slotOf(j);
+#if QCOMM_SIMD_LEVEL >= 2
+    const vf first = simd::widen(v[j]);
+    vi m = simd::asInt(first) & 0x7fffffff;
+    vf l = first, h = first;
+    for (int i = simd::kLanes; i < G; i += simd::kLanes) {
+      const vf x = simd::widen(v[j] + i);
+      m = simd::maxOf(m, simd::asInt(x) & 0x7fffffff);
+      if (!kSym) {
+        l = simd::minOf(l, x);
+        h = simd::maxOf(h, x);
+      }
     }
-    return paramsFromAbsmax(bitsFloat(mag), mag >= 0x7f800000u, kBits);
+    mag[s] = m;
+    lo[s] = l;
+    hi[s] = h;
+#else
+    // On half vectors (GCC keeps a loop-carried eight-lane vector in memory without AVX), the
+    // flag as codec.h's !(|x| <= FLT_MAX) (one compare: SSE2 has no 32-bit integer max) and the
+    // magnitudes' maximum as floats: mag is then the bits of the absmax, or 0x7f800000 (+Inf's)
+    // for a group holding a NaN or an Inf, the maximum of the bits the levels above compute.
+    const simd::vf4 kMax = simd::vf4{0, 0, 0, 0} + 3.40282346638528859811704183484516925e+38f;
+    simd::vf4 l[2], h[2], a[2];
+    simd::vi4 bad[2];
+    simd::halves(simd::widen(v[j]), l[0], l[1]);
+    for (int k = 0; k < 2; ++k) {
+      h[k] = l[k];
+      a[k] = (simd::vf4)((simd::vi4)l[k] & 0x7fffffff);
+      bad[k] = ~(a[k] <= kMax);
+    }
+    for (int i = simd::kLanes; i < G; i += simd::kLanes) {
+      simd::vf4 x[2];
+      simd::halves(simd::widen(v[j] + i), x[0], x[1]);
+      for (int k = 0; k < 2; ++k) {
+        const simd::vf4 ax = (simd::vf4)((simd::vi4)x[k] & 0x7fffffff);
+        bad[k] |= ~(ax <= kMax);
+        if (kSym) {
+          a[k] = simd::maxOf(a[k], ax);
+        } else {
+          l[k] = simd::minOf(l[k], x[k]);
+          h[k] = simd::maxOf(h[k], x[k]);
+        }
+      }
+    }
+    simd::vi4 m[2];
+    for (int k = 0; k < 2; ++k) {
+      const simd::vi4 inf = simd::vi4{0, 0, 0, 0} + 0x7f800000;
+      m[k] = bad[k] ? inf : (kSym ? (simd::vi4)a[k] : simd::vi4{0, 0, 0, 0});
+    }
+    mag[s] = simd::joined<vi>(m[0], m[1]);
+    lo[s] = simd::joined<vf>(l[0], l[1]);
+    hi[s] = simd::joined<vf>(h[0], h[1]);
+#endif
   }
-  int32_t lo = orderedBits(floatBits(v[0])), hi = lo;
-  for (int i = 0; i < G; ++i) {
-    const int32_t k = orderedBits(floatBits(v[i]));
-    lo = k < lo ? k : lo;
-    hi = k > hi ? k : hi;
+  const vi most = simd::reduce8(mag, simd::Max());
+  const vi bad = most >= 0x7f800000;
+  const vf nan = simd::asFloat(simd::splati(0x7fc00000));
+  // Which groups need no clamp (bit j of inRange; others keep quantizeScaled's). Symmetric, with
+  // a normal scale: s = RN(absmax / qmax) is at least (absmax / qmax)(1 - 2^-24), so
+  // |v| / s < qmax (1 + 2^-23) for |v| <= absmax; RN of that is at most two ulps above qmax
+  // (2^-17 each for 127, 2^-21 for 7), far below qmax + 1/2, so the rounding gives the code of
+  // the clamped t (a subnormal scale carries no such relative bound). Asymmetric (codec.h
+  // asymCodesInRange's argument, with the IEEE division): t(v) = RN(RN(RN(v - mid) / s) + L/2)
+  // never decreases as v grows (each rounding is monotone, s > 0), so if t(lo) >= -1/2 and
+  // t(hi) < L + 1/2, every value's t lies in [-1/2, L + 1/2), which rounds (ties to even) to a
+  // code in [0, L]: the code of t clamped to [0, L] first. Almost every group passes; ones a few
+  // ulps wide, whose scale is mostly rounding, can fail.
+  vf scale, mid = simd::splat(0.0f);
+  vi inRange;
+  if (kSym) {
+    scale = bad ? nan : (simd::asFloat(most) / qmaxSym(kBits)) + 0.0f;
+    inRange = scale >= 1.17549435e-38f;  // FLT_MIN
+  } else {
+    const vf l = simd::reduce8(lo, simd::Min());
+    const vf h = simd::reduce8(hi, simd::Max());
+    const float levels = levelsAsym(kBits);
+    // "+ 0": -0 to +0, as paramsFromMinMax
+    scale = bad ? nan : (h / levels - l / levels) + 0.0f;
+    mid = bad ? simd::splat(0.0f) : (l * 0.5f + h * 0.5f) + 0.0f;
+    const vf tl = (l - mid) / scale + levels * 0.5f, th = (h - mid) / scale + levels * 0.5f;
+    inRange = (tl >= -0.5f) & (th < levels + 0.5f);
   }
-  const int bad = hi > orderedBits(0x7f7fffffu) || lo < orderedBits(0xff7fffffu);
-  return paramsFromMinMax(bitsFloat(uint32_t(orderedBits(uint32_t(lo)))),
-                          bitsFloat(uint32_t(orderedBits(uint32_t(hi)))), bad, kBits);
+  simd::storef(bp.scale, scale);
+  simd::storef(bp.mid, mid);
+  bp.ordinary = simd::maskBits((scale == scale) & (scale != 0.0f));
+  bp.inRange = simd::maskBits(inRange);
 }
 
-// codes[i] = the stored code of v[i] (quantizeScaled's), for a group of G finite values with
-// finite, nonzero parameters. Symmetric codes are two's complement, masked to kBits by the
-// narrowing (8 bits) or by the packing (4 bits).
-template <int kBits, bool kSym, int G>
-QCOMM_ALWAYS_INLINE void codesOf(const float* v, const GroupParams& p, uint8_t* codes) {
-  for (int i = 0; i < G; ++i) codes[i] = uint8_t(codeBits<kBits, kSym>(v[i], p));
+// The stored codes of the G values at v, a group of finite values with finite nonzero parameters
+// s and m, as quantizeScaled (or, with kStochastic, quantizeStochastic with codec.h's noise for
+// elements begin..) gives them; out: G * kBits / 8 bytes.
+template <int kBits, bool kSym, bool kStochastic, bool kClamp, int G, class T>
+QCOMM_SIMD_INLINE void groupCodes(const T* v, float s, float m, uint8_t* out, const Noise& noise,
+                                  int64_t begin) {
+  const float top = kSym ? qmaxSym(kBits) : levelsAsym(kBits);
+  const float bottom = kSym ? -top : 0.0f;
+  const vf vs = simd::splat(s), vm = simd::splat(m);
+  for (int i = 0; i < G; i += 4 * simd::kLanes) {
+    vi c[4];
+    for (int k = 0; k < 4; ++k) {
+      const int e = i + k * simd::kLanes;
+      vf t = kSym ? simd::widen(v + e) / vs : (simd::widen(v + e) - vm) / vs;
+      if (!kSym) t = t + levelsAsym(kBits) * 0.5f;
+      if (kClamp) t = simd::maxOf(simd::minOf(t, simd::splat(top)), simd::splat(bottom));
+      if (kStochastic) {
+        const vf q = simd::floorOf(t + noise8(noise, begin + e));
+        t = simd::minOf(q, simd::splat(top));
+      }
+      // t is now an integer's float or is rounded to one, to nearest even, by the addition
+      c[k] = simd::asInt(t + kMagic) - kMagicBits;
+    }
+    if (kBits == 8) {
+      simd::storeCodes8<kSym>(out + i, c);
+    } else {
+      simd::storeCodes4(out + i / 2, c);
+    }
+  }
 }
 
-// The group's G values as fp32: fp32 input in place, 16-bit input widened into buf (codec.h
-// toFloat; exact, so any instruction that widens exactly gives the same values).
-template <int G>
-QCOMM_ALWAYS_INLINE const float* groupFloats(const float* in, float*) {
-  return in;
-}
-template <int G, class T>
-QCOMM_ALWAYS_INLINE const float* groupFloats(const T* in, float* buf) {
-  for (int i = 0; i < G; ++i) buf[i] = toFloat(in[i]);
-  return buf;
-}
-
-// Where encodeFullGroups writes: the block's scale and midpoint arrays and its data section,
-// computed once per range of groups (each takes a division by the group size).
+// Where a block's parameters and codes go: the encoded block's scale and midpoint arrays and its
+// data section.
 struct BlockLayout {
   float* scales;
   float* mids;  // asymmetric only
   uint8_t* data;
 };
 
-QCOMM_ALWAYS_INLINE BlockLayout blockLayout(uint8_t* block, int64_t n, const CodecSpec& c) {
+QCOMM_SIMD_INLINE BlockLayout blockLayout(uint8_t* block, int64_t n, const CodecSpec& c) {
   float* scales = reinterpret_cast<float*>(block);
   return BlockLayout{scales, scales + numGroups(n, c), block + dataOffset(n, c)};
 }
 
-// The number of full groups encodeGroupsFixed takes at once: their parameters are computed
-// first, then their codes. One group's codes wait on its min/max reduction and the scalar
-// arithmetic of its parameters (two divisions), a chain of dependent instructions that one group's
-// quantizer loop is too long for the CPU's out-of-order window to overlap with; the parameters of
-// independent groups overlap each other. Up to 1024 values (4 KiB as fp32, in L1), at most 8
-// groups; groups of 32 one at a time, as before (blocks of 8 measured 3% slower there, 1.08x
-// faster for groups of 128: the AVX2 loops on one Zen 1 core, benchmarks/RESULTS.md section 2).
-constexpr int blockGroups(int G) {
-  return G <= 32 || G >= 1024 ? 1 : (1024 / G > 8 ? 8 : 1024 / G);
-}
-
-// Encode the full groups g0..g0+k of x (k <= blockGroups(G)), deterministic rounding: the bytes of
-// encodeGroupValues<kBits, kSym>(group, G, n, c, g, block, no noise) for each. kRotate: each group
-// rotated first (codec.h rotateGroupInto; rotated blocks hold whole groups), the bytes of
-// encodeRotatedGroup.
-template <int kBits, bool kSym, bool kRotate, int G, class T>
-QCOMM_ALWAYS_INLINE void encodeFullGroups(const T* x, int64_t g0, int k, const BlockLayout& at) {
-  constexpr int K = blockGroups(G);
-  constexpr bool kInPlace = !kRotate && sizeof(T) == sizeof(float);
-  float buf[kInPlace ? 1 : K * G];
-  const float* v[K];
-  GroupParams p[K];
+// Encode the k (<= 8) full groups g0..g0+k whose G values are at v[0..k) (the message's, or
+// rotated copies; v[k..8) repeat v[0], lanes computed and never stored): their parameters and
+// codes, the bytes of encodeGroupValues for each.
+template <int kBits, bool kSym, bool kStochastic, int G, class V>
+void encodeBlockOfGroups(const V* const* v, int64_t g0, int k, const BlockLayout& at,
+                         const Noise& noise) {
+  BlockParams bp;
+  blockParams<kBits, kSym, G>(v, bp);
+  if (k == kBlock) {
+    memcpy(at.scales + g0, bp.scale, sizeof bp.scale);
+    if (!kSym) memcpy(at.mids + g0, bp.mid, sizeof bp.mid);
+  } else {
+    for (int j = 0; j < k; ++j) {
+      at.scales[g0 + j] = bp.scale[j];
+      if (!kSym) at.mids[g0 + j] = bp.mid[j];
+    }
+  }
   for (int j = 0; j < k; ++j) {
-    const T* in = x + (g0 + j) * G;
-    if (kRotate) {
-      rotateGroupInto(in, G, buf + j * G);
-      v[j] = buf + j * G;
+    uint8_t* out = at.data + (g0 + j) * (G * kBits / 8);
+    if (!((bp.ordinary >> j) & 1)) {
+      // non-finite (NaN scale): code 0; constant (zero scale): the code of mid
+      const uint32_t code = bp.scale[j] == bp.scale[j] ? zeroScaleCode<kBits, kSym>() : 0u;
+      memset(out, kBits == 8 ? int(code) : int(code | (code << 4)), G * kBits / 8);
+      continue;
+    }
+    const int64_t begin = (g0 + j) * G;
+    if (!kStochastic && ((bp.inRange >> j) & 1)) {
+      groupCodes<kBits, kSym, false, false, G>(v[j], bp.scale[j], bp.mid[j], out, noise, begin);
     } else {
-      v[j] = groupFloats<G>(in, buf + (kInPlace ? 0 : j * G));
-    }
-    p[j] = groupParamsFixed<kBits, kSym, G>(v[j]);
-  }
-  for (int j = 0; j < k; ++j) {
-    const int64_t g = g0 + j;
-    at.scales[g] = p[j].scale;
-    if (!kSym) at.mids[g] = p[j].mid;
-    uint8_t* out = at.data + g * (G * kBits / 8);
-    if (!paramsFinite(p[j]) || p[j].scale == 0.0f) {
-      const uint32_t code = paramsFinite(p[j]) ? zeroScaleCode<kBits, kSym>() : 0u;
-      const uint8_t byte = kBits == 8 ? uint8_t(code) : uint8_t(code | (code << 4));
-      for (int i = 0; i < G * kBits / 8; ++i) out[i] = byte;
-      continue;
-    }
-    if (kBits == 8) {
-      codesOf<8, kSym, G>(v[j], p[j], out);
-      continue;
-    }
-    uint8_t codes[G];
-    codesOf<4, kSym, G>(v[j], p[j], codes);
-    // the even element in the low nibble
-    for (int i = 0; i < G / 2; ++i) {
-      out[i] = uint8_t((codes[2 * i] & 0xfu) | ((codes[2 * i + 1] & 0xfu) << 4));
+      groupCodes<kBits, kSym, kStochastic, true, G>(v[j], bp.scale[j], bp.mid[j], out, noise,
+                                                    begin);
     }
   }
 }
 
-// Encode groups g0..g1 of x[0..n): full groups of G through encodeFullGroups, blockGroups(G) at a
-// time, a short last group through encodeGroupValues. kRotate: as encodeFullGroups.
-template <int kBits, bool kSym, bool kRotate, int G, class T>
-QCOMM_ALWAYS_INLINE void encodeGroupsFixed(const T* x, int64_t n, const CodecSpec& c, int64_t g0,
-                                           int64_t g1, uint8_t* block) {
-  constexpr int K = blockGroups(G);
+// Encode groups g0..g1 of x[0..n): full groups eight at a time, a short last group through
+// codec.h's encodeGroupValues (stochastic too: the same noise for the same index). kRotate: each
+// group rotated first (codec.h rotateGroupInto; n is then a multiple of G), the bytes of
+// encodeRotatedGroup.
+template <int kBits, bool kSym, bool kRotate, bool kStochastic, int G, class T>
+void encodeGroupsFixed(const T* x, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
+                       uint8_t* block, const Noise& noise) {
   const BlockLayout at = blockLayout(block, n, c);
   const int64_t full = n / G;
   const int64_t end = g1 < full ? g1 : full;
-  for (int64_t g = g0; g < end; g += K) {
-    encodeFullGroups<kBits, kSym, kRotate, G>(x, g, end - g < K ? int(end - g) : K, at);
+  // fp16 without F16C: widened once into the buffer, not once per pass (the conversion's lane
+  // selects are most of the work)
+  constexpr bool kWidenFirst = QCOMM_SIMD_LEVEL < 2 && std::is_same<T, fp16_t>::value;
+  for (int64_t g = g0; g < end; g += kBlock) {
+    const int k = end - g < kBlock ? int(end - g) : kBlock;
+    if constexpr (kRotate || kWidenFirst) {
+      alignas(32) float buf[kBlock * G];
+      const float* v[kBlock];
+      for (int j = 0; j < kBlock; ++j) {
+        if (j < k && kRotate) rotateGroupInto(x + (g + j) * G, G, buf + j * G);
+        if (j < k && !kRotate) {
+          for (int i = 0; i < G; i += simd::kLanes) {
+            simd::storef(buf + j * G + i, simd::widen(x + (g + j) * G + i));
+          }
+        }
+        v[j] = buf + (j < k ? j : 0) * G;
+      }
+      encodeBlockOfGroups<kBits, kSym, kStochastic, G>(v, g, k, at, noise);
+    } else {
+      const T* v[kBlock];
+      for (int j = 0; j < kBlock; ++j) v[j] = x + (g + (j < k ? j : 0)) * G;
+      encodeBlockOfGroups<kBits, kSym, kStochastic, G>(v, g, k, at, noise);
+    }
   }
   for (int64_t g = end > g0 ? end : g0; g < g1; ++g) {
-    encodeGroupValues<kBits, kSym>(x + g * G, groupLength(n, c, g), n, c, g, block, Noise{0, 0, 0});
+    encodeGroupValues<kBits, kSym>(x + g * G, groupLength(n, c, g), n, c, g, block, noise);
   }
 }
 
-// The group-size dispatch; false for a size without a specialisation (the caller falls back).
-template <int kBits, bool kSym, bool kRotate, class T>
-QCOMM_ALWAYS_INLINE bool encodeGroupsBySize(const T* x, int64_t n, const CodecSpec& c, int64_t g0,
-                                            int64_t g1, uint8_t* block) {
+// Decode the full group of G codes at `codes` with parameters s, m into o[0..G) (o[i] + x^ with
+// kAccumulate): decodeGroupValues' values.
+template <int kBits, bool kSym, bool kAccumulate, int G>
+QCOMM_SIMD_INLINE void decodeGroupFixed(const uint8_t* codes, float s, float m, float* o) {
+  const float kMax = 3.40282346638528859811704183484516925e+38f;
+  const vf vs = simd::splat(s), vm = simd::splat(m);
+  const vf top = simd::splat(kMax), bottom = simd::splat(-kMax);
+  for (int i = 0; i < G; i += 4 * simd::kLanes) {
+    vi c[4];
+    if (kBits == 8) {
+      for (int k = 0; k < 4; ++k) c[k] = simd::loadBytes<kSym>(codes + i + k * simd::kLanes);
+    } else {
+      simd::loadNibbles(codes + i / 2, c);
+      if (kSym) {
+        for (int k = 0; k < 4; ++k) c[k] = (c[k] ^ 8) - 8;
+      }
+    }
+    for (int k = 0; k < 4; ++k) {
+      const vf q = __builtin_convertvector(c[k], vf);
+      // dequantizeUnclamped, then clampToFinite (a NaN passes: minOf(top, NaN) is NaN)
+      vf y = kSym ? q * vs : vm + (q - levelsAsym(kBits) * 0.5f) * vs;
+      y = simd::maxOf(bottom, simd::minOf(top, y));
+      float* p = o + i + k * simd::kLanes;
+      simd::storef(p, kAccumulate ? simd::loadf(p) + y : y);
+    }
+  }
+}
+
+// Decode groups g0..g1 of an encoded block of n elements into out (out += x^ with kAccumulate):
+// full groups here, a short last group through codec.h.
+template <int kBits, bool kSym, bool kAccumulate, int G>
+void decodeGroupsFixed(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
+                       float* out) {
+  const BlockLayout at = blockLayout(const_cast<uint8_t*>(block), n, c);
+  const int64_t full = n / G;
+  const int64_t end = g1 < full ? g1 : full;
+  for (int64_t g = g0; g < end; ++g) {
+    decodeGroupFixed<kBits, kSym, kAccumulate, G>(at.data + g * (G * kBits / 8), at.scales[g],
+                                                  kSym ? 0.0f : at.mids[g], out + g * G);
+  }
+  for (int64_t g = end > g0 ? end : g0; g < g1; ++g) {
+    decodeGroupT<kBits, kSym, kAccumulate>(block, n, c, g, out);
+  }
+}
+
+// Decode group g (a full group of G) and rotate it back: out[group] = H x^ / G.
+template <int kBits, bool kSym, int G>
+void decodeRotatedGroupFixed(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g,
+                             float* out) {
+  const BlockLayout at = blockLayout(const_cast<uint8_t*>(block), n, c);
+  alignas(32) float buf[G];
+  decodeGroupFixed<kBits, kSym, false, G>(at.data + g * (G * kBits / 8), at.scales[g],
+                                          kSym ? 0.0f : at.mids[g], buf);
+  unrotateGroupInto(buf, G, out + g * G);
+}
+
+// f.template operator()<G>() for the group size of c, 32..1024; false for another size.
+template <class F>
+QCOMM_SIMD_INLINE bool withGroupSize(const CodecSpec& c, F&& f) {
   switch (c.groupSize) {
     case 32:
-      encodeGroupsFixed<kBits, kSym, kRotate, 32>(x, n, c, g0, g1, block);
+      f(std::integral_constant<int, 32>());
       return true;
     case 64:
-      encodeGroupsFixed<kBits, kSym, kRotate, 64>(x, n, c, g0, g1, block);
+      f(std::integral_constant<int, 64>());
       return true;
     case 128:
-      encodeGroupsFixed<kBits, kSym, kRotate, 128>(x, n, c, g0, g1, block);
+      f(std::integral_constant<int, 128>());
       return true;
     case 256:
-      encodeGroupsFixed<kBits, kSym, kRotate, 256>(x, n, c, g0, g1, block);
+      f(std::integral_constant<int, 256>());
       return true;
     case 512:
-      encodeGroupsFixed<kBits, kSym, kRotate, 512>(x, n, c, g0, g1, block);
+      f(std::integral_constant<int, 512>());
       return true;
     case 1024:
-      encodeGroupsFixed<kBits, kSym, kRotate, 1024>(x, n, c, g0, g1, block);
+      f(std::integral_constant<int, 1024>());
       return true;
     default:
       return false;
   }
 }
 
-// Encode groups g0..g1 of x[0..n) (rotated: each group rotated first) with deterministic
-// rounding through the fixed-size loops; false (nothing written) for a group size they do not
-// cover.
-template <bool kRotate, class T>
-QCOMM_ALWAYS_INLINE bool encodeGroupsFast(const T* x, int64_t n, const CodecSpec& c, int64_t g0,
-                                          int64_t g1, uint8_t* block) {
+// f(bits, symmetric) as compile-time constants, for the spec's 4 or 8 bits.
+template <class F>
+QCOMM_SIMD_INLINE void withCodec(const CodecSpec& c, F&& f) {
+  using B8 = std::integral_constant<int, 8>;
+  using B4 = std::integral_constant<int, 4>;
+  using S = std::true_type;
+  using A = std::false_type;
   if (c.bits == 8) {
-    return c.symmetric ? encodeGroupsBySize<8, true, kRotate>(x, n, c, g0, g1, block)
-                       : encodeGroupsBySize<8, false, kRotate>(x, n, c, g0, g1, block);
+    c.symmetric ? f(B8(), S()) : f(B8(), A());
+  } else {
+    c.symmetric ? f(B4(), S()) : f(B4(), A());
   }
-  return c.symmetric ? encodeGroupsBySize<4, true, kRotate>(x, n, c, g0, g1, block)
-                     : encodeGroupsBySize<4, false, kRotate>(x, n, c, g0, g1, block);
 }
 
-}  // namespace cpu
+}  // namespace QCOMM_SIMD_NS
 }  // namespace qcomm

@@ -1,9 +1,10 @@
-"""The CPU encoder's fixed-size group loops (csrc/codec/codec_cpu_groups.h): for every group size
+"""The CPU codec's fixed-size group loops (csrc/codec/codec_cpu_groups.h): for every group size
 they specialise (32..1024, every size the config allows), 8 and 4 bits, symmetric and asymmetric,
-fp32/fp16/bf16 input, rotated or not, and message lengths with a short last group (not a multiple
-of the group, of a vector's width, of 16 bytes), each instruction set this CPU has gives the
-reference model's wire bytes and decoded values, as do the stochastic path (codec.h's loops) and
-groups holding NaN or Inf, which decode to NaN. The full matrix is behind the `large` marker."""
+fp32/fp16/bf16 input, rotated or not, deterministic and stochastic rounding, and message lengths
+with a short last group (not a multiple of the group, of a vector's width, of 16 bytes), each
+instruction set this CPU has gives the reference model's wire bytes and decoded values; groups
+holding NaN or Inf decode to NaN, and groups whose codes need quantizeScaled's clamp keep it. The
+full matrix is behind the `large` marker."""
 
 import itertools
 
@@ -26,12 +27,23 @@ def isa(request):
     _C._testing.set_cpu_isa(before)
 
 
+def _ulps_apart(v, k, i):
+    """v and the float k ulps (bit patterns) beyond it, alternating."""
+    b = torch.tensor(v, dtype=torch.float32).view(torch.int32)
+    return torch.where(i % 2 == 0, b, b + k).view(torch.float32)
+
+
 def _values(n, g, seed):
     """Normal values with, at fixed spots, what changes a group's path: a NaN, an Inf and a -Inf
     (each in its own group), a constant group, a group of zeros of both signs, a group a few ulps
-    wide, tiny (denormal) values and values near FLT_MAX."""
+    wide, tiny (denormal) values, values near FLT_MAX, then groups whose codes need the clamp of
+    quantizeScaled: two values a few ulps apart whose asymmetric t falls outside [-1/2, L + 1/2)
+    (t(hi) = 281 and 17.1 at 8 and 4 bits; t(lo) = -26 at 8 bits; t(lo) = -3.2 at 4 bits), and
+    symmetric groups with a subnormal scale (absmax 190 and 10 units of 2^-149: t = 190 > 127 at
+    8 bits, 10 > 7 at 4)."""
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 2 - 0.3
     i = torch.arange(n)
+    tiny = 2.0**-149
     spots = [
         lambda s: x.__setitem__(s.start + 3, float("nan")),
         lambda s: x.__setitem__(s.start + 1, float("inf")),
@@ -43,6 +55,11 @@ def _values(n, g, seed):
         ),
         lambda s: x.__setitem__(s, 1e-41 * (i[s] % 9 - 4).float()),
         lambda s: x.__setitem__(s, torch.finfo(torch.float32).max * torch.cos(i[s].float())),
+        lambda s: x.__setitem__(s, _ulps_apart(330.43707275390625, 5, i[s])),
+        lambda s: x.__setitem__(s, _ulps_apart(345.5841979980469, 5, i[s])),
+        lambda s: x.__setitem__(s, _ulps_apart(-0.0005369532154873013, -3, i[s])),
+        lambda s: x.__setitem__(s, (i[s] % 3 - 1).float() * (190 * tiny)),
+        lambda s: x.__setitem__(s, (i[s] % 3 - 1).float() * (10 * tiny)),
     ]
     for k, put in enumerate(spots):
         if (k + 1) * g <= n:
@@ -78,8 +95,8 @@ def _check(bits, sym, g, dtype, n, rotate, noise=None, case=""):
 
 def _lengths(g):
     # whole groups; a short last group of 1, 13 (not a multiple of a vector) and g - 16 + 5
-    # elements (not a multiple of 16 bytes at any width)
-    return [8 * g, 8 * g + 1, 9 * g + 13, 9 * g - 11]
+    # elements (not a multiple of 16 bytes at any width); 13 groups hold every spot of _values
+    return [8 * g, 13 * g + 1, 9 * g + 13, 13 * g - 11]
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
@@ -96,9 +113,9 @@ def test_fixed_size_loops_match_reference(isa):
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
 def test_a_short_block_of_groups_with_special_ones(isa):
-    # the loops take up to 8 groups at a time (blockGroups: 8 of 64 and 128, 4 of 256, 2 of 512,
-    # 1 of 32 and 1024): 11 full groups leave a block of 3 (1 of 256, 1 of 512) at the end, here
-    # holding a NaN group, a constant one and a normal one, then a short last group
+    # the loops take 8 groups at a time (one vector lane each): 11 full groups leave a block of 3
+    # at the end, here holding a NaN group, a constant one and a normal one, then a short last
+    # group
     for bits, sym, g in itertools.product([8, 4], [False, True], GROUPS):
         n = 11 * g + 5
         dtype = DTYPES[(bits + g) % 3]
@@ -116,12 +133,19 @@ def test_a_short_block_of_groups_with_special_ones(isa):
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
-def test_stochastic_rounding_keeps_its_loops(isa):
+def test_stochastic_rounding_matches_reference(isa):
+    # the noise of eight elements at once: element indices from a base past 2^32 - 1 too (the
+    # hash takes the index's low and high words; the low word wraps inside a vector, in a group
+    # of plain normal values)
     salt = ref.noise_salt(11, 1, 0)
     for bits, sym, g in itertools.product([8, 4], [False, True], [32, 256]):
-        for dtype in DTYPES:
-            n = 9 * g + 13
-            _check(bits, sym, g, dtype, n, False, (salt, 4099), f"{isa} noise {bits}b {g} {dtype}")
+        for k, dtype in enumerate(DTYPES):
+            n = 16 * g + 13
+            base = 4099 if k != 1 else 2**32 - 14 * g - 3
+            case = f"{isa} noise {bits}b sym={sym} {g} {dtype} base={base}"
+            _check(bits, sym, g, dtype, n, False, (salt, base), case)
+            if k == 0:
+                _check(bits, sym, g, dtype, 8 * g, True, (salt, base), f"{case} rotated")
 
 
 @pytest.mark.large

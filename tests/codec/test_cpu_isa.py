@@ -1,4 +1,4 @@
-"""The CPU codec's group loops, compiled once per instruction set (csrc/codec/codec_cpu.cpp):
+"""The CPU codec's group loops, compiled once per instruction set (csrc/codec/codec_cpu_isa.h):
 every one this CPU has gives the reference model's bytes and values, in the codec and in the
 algorithms' accumulating sums, and a QCOMM_CPU_ISA that is unknown or unavailable is an error
 naming it."""

@@ -1,0 +1,38 @@
+// The CPU codec's group loops, one table per instruction set they are compiled for
+// (codec_cpu_generic.cpp, codec_cpu_avx2.cpp, codec_cpu_avx512.cpp, each compiling
+// codec_cpu_loops.h once); codec_cpu.cpp picks one at run time and threads the calls.
+#pragma once
+
+#include <stdint.h>
+
+#include "codec/codec.h"
+
+namespace qcomm {
+
+// Each function takes the groups g0..g1 of a block of n elements (threads split a block by
+// groups). The bits are the same whichever table runs them.
+struct GroupLoops {
+  const char* name;
+  // dst = the encoded groups g0..g1 of x (elements of dtype); noise.on: stochastic rounding
+  void (*encode)(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, int64_t g0,
+                 int64_t g1, uint8_t* dst, const Noise& noise);
+  // out[groups] = x^ (or out += x^ with accumulate)
+  void (*decode)(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
+                 float* out, bool accumulate);
+  // encode of H x per group (n a multiple of the group size)
+  void (*encodeRotated)(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, int64_t g0,
+                        int64_t g1, uint8_t* dst, const Noise& noise);
+  // out[groups] = H x^ / g
+  void (*decodeRotated)(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
+                        float* out);
+  // out[groups] = H float(x[groups]), groups of groupSize; out may be x (fp32)
+  void (*rotate)(const void* x, int32_t dtype, int groupSize, int64_t g0, int64_t g1, float* out);
+};
+
+extern const GroupLoops kGenericLoops;
+#if defined(__x86_64__) && defined(__GNUC__)
+extern const GroupLoops kAvx2Loops;
+extern const GroupLoops kAvx512Loops;
+#endif
+
+}  // namespace qcomm

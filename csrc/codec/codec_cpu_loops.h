@@ -1,0 +1,120 @@
+// The group loops of one instruction set (codec_cpu_isa.h's GroupLoops): included once by each of
+// codec_cpu_generic.cpp, codec_cpu_avx2.cpp and codec_cpu_avx512.cpp, after the unit has
+// included its standard headers and codec.h, set its compiler target and defined
+// QCOMM_SIMD_LEVEL and QCOMM_SIMD_NS (codec_simd.h). Full groups of 32..1024 take the
+// fixed-size loops of codec_cpu_groups.h; everything else codec.h's per-group functions, which
+// are inlined here and so compiled for the unit's instruction set too.
+#pragma once
+
+// codec_simd.h says why; for the rest of the unit, as GCC warns when it emits a function
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include "codec/codec.h"
+#include "codec/codec_cpu_groups.h"
+#include "codec/codec_cpu_isa.h"
+
+namespace qcomm {
+namespace QCOMM_SIMD_NS {
+
+// f(x as a pointer to the elements of `dtype`)
+template <class F>
+QCOMM_SIMD_INLINE void withElements(const void* x, int32_t dtype, F&& f) {
+  switch (dtype) {
+    case kFloat32:
+      f(static_cast<const float*>(x));
+      break;
+    case kFloat16:
+      f(static_cast<const fp16_t*>(x));
+      break;
+    default:
+      f(static_cast<const bf16_t*>(x));
+  }
+}
+
+// Encode groups g0..g1 through the fixed-size loops; false (nothing written) for a group size
+// they do not cover.
+template <bool kRotate, class T>
+bool encodeFast(const T* x, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1, uint8_t* dst,
+                const Noise& noise) {
+  return withGroupSize(c, [&](auto size) {
+    constexpr int G = decltype(size)::value;
+    withCodec(c, [&](auto bits, auto sym) {
+      constexpr int B = decltype(bits)::value;
+      constexpr bool S = decltype(sym)::value;
+      if (noise.on) {
+        encodeGroupsFixed<B, S, kRotate, true, G>(x, n, c, g0, g1, dst, noise);
+      } else {
+        encodeGroupsFixed<B, S, kRotate, false, G>(x, n, c, g0, g1, dst, noise);
+      }
+    });
+  });
+}
+
+void encodeRange(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, int64_t g0,
+                 int64_t g1, uint8_t* dst, const Noise& noise) {
+  withElements(x, dtype, [&](auto* p) {
+    if (encodeFast<false>(p, n, c, g0, g1, dst, noise)) return;
+    for (int64_t g = g0; g < g1; ++g) encodeGroup(p, n, c, g, dst, noise);
+  });
+}
+
+void encodeRotatedRange(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, int64_t g0,
+                        int64_t g1, uint8_t* dst, const Noise& noise) {
+  withElements(x, dtype, [&](auto* p) {
+    if (encodeFast<true>(p, n, c, g0, g1, dst, noise)) return;
+    for (int64_t g = g0; g < g1; ++g) encodeRotatedGroup(p, n, c, g, dst, noise);
+  });
+}
+
+void decodeRange(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
+                 float* out, bool accumulate) {
+  const bool fast = withGroupSize(c, [&](auto size) {
+    constexpr int G = decltype(size)::value;
+    withCodec(c, [&](auto bits, auto sym) {
+      constexpr int B = decltype(bits)::value;
+      constexpr bool S = decltype(sym)::value;
+      if (accumulate) {
+        decodeGroupsFixed<B, S, true, G>(src, n, c, g0, g1, out);
+      } else {
+        decodeGroupsFixed<B, S, false, G>(src, n, c, g0, g1, out);
+      }
+    });
+  });
+  if (fast) return;
+  for (int64_t g = g0; g < g1; ++g) {
+    if (accumulate) {
+      decodeGroup<true>(src, n, c, g, out);
+    } else {
+      decodeGroup<false>(src, n, c, g, out);
+    }
+  }
+}
+
+void decodeRotatedRange(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
+                        float* out) {
+  const bool fast = withGroupSize(c, [&](auto size) {
+    constexpr int G = decltype(size)::value;
+    withCodec(c, [&](auto bits, auto sym) {
+      constexpr int B = decltype(bits)::value;
+      constexpr bool S = decltype(sym)::value;
+      for (int64_t g = g0; g < g1; ++g) decodeRotatedGroupFixed<B, S, G>(src, n, c, g, out);
+    });
+  });
+  if (fast) return;
+  for (int64_t g = g0; g < g1; ++g) decodeRotatedGroup(src, n, c, g, out);
+}
+
+// out[group] = H float(x[group]) for groups g0..g1 of `groupSize`; out may be x (fp32).
+void rotateRange(const void* x, int32_t dtype, int groupSize, int64_t g0, int64_t g1, float* out) {
+  withElements(x, dtype, [&](auto* p) {
+    float buf[kMaxGroupSize];
+    for (int64_t g = g0; g < g1; ++g) {
+      rotateGroupInto(p + g * groupSize, groupSize, buf);
+      float* o = out + g * groupSize;
+      for (int i = 0; i < groupSize; ++i) o[i] = buf[i];
+    }
+  });
+}
+
+}  // namespace QCOMM_SIMD_NS
+}  // namespace qcomm
