@@ -226,11 +226,14 @@ def one_core_bench(opts) -> list:
             n = size // bench.ELEM_BYTES[dname]
             x = base.to(dtype) if dname == "fp32" else torch.randn(n, generator=gen).to(dtype)
             enc = _C._testing.codec_encode(x, bits, gs, False)
-            data[(size, dname, bits, gs)] = (x, enc, torch.empty_like(x))
+            # a second rank's copy of the same chunk, for two_step's sum of the copies
+            other = _C._testing.codec_encode((x.float() * 0.75).to(dtype), bits, gs, False)
+            data[(size, dname, bits, gs)] = (x, (enc, other), torch.empty_like(x))
     t = _C._testing
     reuse = reuses_outputs() and not opts.allocating_outputs
+    sums = reuse and hasattr(t, "codec_decode_sum")
     for r in range(opts.rounds):
-        for (size, dname, bits, gs), (x, enc, out) in data.items():
+        for (size, dname, bits, gs), (x, (enc, other), out) in data.items():
             n = x.numel()
             nbytes = enc.numel()
             copy_s = timeit(lambda out=out, x=x: out.copy_(x), opts.min_time)
@@ -276,6 +279,22 @@ def one_core_bench(opts) -> list:
                         ),
                         opts.min_time,
                     )
+                    if sums:
+                        # the sum of two copies: one pass (decodeSum) against a decode and a
+                        # decode with accumulate
+                        pair = [enc, other]
+                        sum_s = timeit(
+                            lambda n=n, b=bits, g=gs, p=pair, o=do: t.codec_decode_sum(
+                                p, n, b, g, False, out=o
+                            ),
+                            opts.min_time,
+                        )
+
+                        def two(n=n, b=bits, g=gs, p=pair, o=do):
+                            t.codec_decode(p[0], n, b, g, False, out=o)
+                            t.codec_decode(p[1], n, b, g, False, out=o, accumulate=True)
+
+                        two_s = timeit(two, opts.min_time)
                 finally:
                     t.set_cpu_isa(before)
                 row = rows.setdefault(
@@ -290,8 +309,11 @@ def one_core_bench(opts) -> list:
                         dec=[],
                         hop=[],
                         copy=[],
+                        sum=[],
                     ),
                 )
+                if sums:
+                    row["sum"].append(two_s / sum_s)
                 row["enc"].append(gbps(size, max(enc_s - zeros_s, 1e-12)))
                 row["dec"].append(gbps(size, max(dec_s - fp32_alloc_s, 1e-12)))
                 row["hop"].append(gbps(size, max(hop_s - fp32_alloc_s, 1e-12)))
@@ -308,15 +330,18 @@ def one_core_table(rows: list) -> str:
 
     lines = [
         "| size | input | bits | group | isa | encode GB/s | decode GB/s | hop GB/s | copy GB/s "
-        "| encode/copy |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| encode/copy | sum of 2 copies: 2 decodes / 1 pass |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = statistics.median(r["enc"]) / statistics.median(r["copy"])
+        sum_cell = f"{statistics.median(r['sum']):.2f}x" if r["sum"] else "-"
+        if r["sum"]:
+            sum_cell += f" ({min(r['sum']):.2f}-{max(r['sum']):.2f})"
         lines.append(
             f"| {bench.size_label(r['size'])} | {r['dtype']} | {r['bits']} | {r['group']} | "
             f"{r['isa']} | {cell(r['enc'])} | {cell(r['dec'])} | {cell(r['hop'])} | "
-            f"{cell(r['copy'])} | {ratio:.2f} |"
+            f"{cell(r['copy'])} | {ratio:.2f} | {sum_cell} |"
         )
     return "\n".join(lines)
 
@@ -662,7 +687,9 @@ def main(argv=None) -> int:
                 "\nencode: codec_encode into a reused buffer; decode: codec_decode into a reused "
                 "fp32 tensor; hop: codec_ops_hop (decode + add the local input + encode, bits in = "
                 "out) into reused partial sums and bytes; copy: out.copy_(x) of the same input "
-                "bytes into a reused tensor, one thread."
+                "bytes into a reused tensor, one thread; sum of 2 copies: the time of a decode and "
+                "a decode with accumulate over that of codec_decode_sum (one pass), the same two "
+                "blocks and output (two_step's sum at 2 ranks)."
             )
         else:
             print(

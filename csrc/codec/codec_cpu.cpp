@@ -140,17 +140,6 @@ void encodeRaw(const T* x, int64_t n, const CodecSpec& c, uint8_t* dst) {
   }
 }
 
-template <class T>
-void castTo(const T* x, int64_t n, float* out, bool accumulate) {
-  forElems(n, [&](int64_t b, int64_t e) {
-    if (accumulate) {
-      for (int64_t i = b; i < e; ++i) out[i] = out[i] + toFloat(x[i]);
-    } else {
-      for (int64_t i = b; i < e; ++i) out[i] = toFloat(x[i]);
-    }
-  });
-}
-
 // f(x as a pointer to the elements of `dtype`)
 template <class F>
 void withElements(const void* x, int32_t dtype, F&& f) {
@@ -166,8 +155,10 @@ void withElements(const void* x, int32_t dtype, F&& f) {
   }
 }
 
+// out[i] = float(x[i]) (out[i] + float(x[i]) with accumulate), x of `dtype`
 void toFloatDispatch(const void* x, int32_t dtype, int64_t n, float* out, bool accumulate) {
-  withElements(x, dtype, [&](auto* p) { castTo(p, n, out, accumulate); });
+  const auto widen = groupLoops().widen;
+  forElems(n, [&](int64_t b, int64_t e) { widen(x, dtype, b, e, out, accumulate); });
 }
 
 }  // namespace
@@ -196,6 +187,18 @@ void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, 
   const auto decode = groupLoops().decode;
   forGroupRanges(numGroups(n, c),
                  [&](int64_t g0, int64_t g1) { decode(src, n, c, g0, g1, out, accumulate); });
+}
+
+void decodeSumBlock(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
+                    float* out) {
+  if (n == 0 || count == 0) return;
+  if (c.bits == 0) {
+    for (int j = 0; j < count; ++j) toFloatDispatch(srcs[j], c.rawDtype, n, out, j > 0);
+    return;
+  }
+  const auto sum = groupLoops().decodeSum;
+  forGroupRanges(numGroups(n, c),
+                 [&](int64_t g0, int64_t g1) { sum(srcs, count, n, c, g0, g1, out); });
 }
 
 // Elements per piece of the fused hop: a multiple of every group size (1024 at most), and 64 KiB
@@ -227,11 +230,7 @@ void decodeAddEncodeBlock(const uint8_t* src, const CodecSpec& in, const void* l
       // same elements encoded while they are in cache; pieces hold whole groups of both codecs
       loops.decode(src, n, in, e0 / in.groupSize, (e1 + in.groupSize - 1) / in.groupSize, partial,
                    inPlace);
-      if (!inPlace) {
-        withElements(local, localDtype, [&](auto* x) {
-          for (int64_t i = e0; i < e1; ++i) partial[i] = partial[i] + toFloat(x[i]);
-        });
-      }
+      if (!inPlace) loops.widen(local, localDtype, e0, e1, partial, true);
       loops.encode(partial, kFloat32, n, out, e0 / out.groupSize,
                    (e1 + out.groupSize - 1) / out.groupSize, dst, noise);
     }

@@ -18,6 +18,12 @@ void encodeBlock(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, ui
 // Decode an encoded block of n elements into fp32: out = x^ (or out += x^ with accumulate).
 void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, bool accumulate);
 
+// out = decode(srcs[0]) + decode(srcs[1]) + ... + decode(srcs[count - 1]) (blocks of n elements),
+// summed in fp32 in that order: the bits of a decode and count - 1 decodes with accumulate, in
+// one pass over out.
+void decodeSumBlock(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
+                    float* out);
+
 // One ring hop (CodecOps::decodeAddEncode): partial = decode(src) + float(local), then dst =
 // encode(partial), the same bits as the three calls, done piece by piece so that each piece of
 // partial is encoded while it is still in cache. partial may be local (fp32).

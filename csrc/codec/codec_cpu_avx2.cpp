@@ -20,8 +20,10 @@ namespace qcomm {
 const GroupLoops kAvx2Loops = {"avx2",
                                avx2::encodeRange,
                                avx2::decodeRange,
+                               avx2::decodeSumRange,
                                avx2::encodeRotatedRange,
                                avx2::decodeRotatedRange,
+                               avx2::widenRange,
                                avx2::rotateRange};
 }  // namespace qcomm
 #endif

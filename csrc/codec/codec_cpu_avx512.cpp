@@ -24,8 +24,10 @@ namespace qcomm {
 const GroupLoops kAvx512Loops = {"avx512",
                                  avx512::encodeRange,
                                  avx512::decodeRange,
+                                 avx512::decodeSumRange,
                                  avx512::encodeRotatedRange,
                                  avx512::decodeRotatedRange,
+                                 avx512::widenRange,
                                  avx512::rotateRange};
 }  // namespace qcomm
 #endif

@@ -16,7 +16,9 @@ namespace qcomm {
 const GroupLoops kGenericLoops = {"generic",
                                   generic::encodeRange,
                                   generic::decodeRange,
+                                  generic::decodeSumRange,
                                   generic::encodeRotatedRange,
                                   generic::decodeRotatedRange,
+                                  generic::widenRange,
                                   generic::rotateRange};
 }  // namespace qcomm

@@ -284,30 +284,39 @@ void encodeGroupsFixed(const T* x, int64_t n, const CodecSpec& c, int64_t g0, in
   }
 }
 
+// The 32 values x^ of codes i..i+32 of a group whose codes start at `codes` (parameters s, m,
+// splatted): decodeGroupValues' values (dequantizeUnclamped, then clampToFinite; a NaN passes:
+// minOf(top, NaN) is NaN).
+template <int kBits, bool kSym>
+QCOMM_SIMD_INLINE void dequantize32(const uint8_t* codes, int i, vf vs, vf vm, vf* y) {
+  const float kMax = 3.40282346638528859811704183484516925e+38f;
+  vi c[4];
+  if (kBits == 8) {
+    for (int k = 0; k < 4; ++k) c[k] = simd::loadBytes<kSym>(codes + i + k * simd::kLanes);
+  } else {
+    simd::loadNibbles(codes + i / 2, c);
+    if (kSym) {
+      for (int k = 0; k < 4; ++k) c[k] = (c[k] ^ 8) - 8;
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    const vf q = __builtin_convertvector(c[k], vf);
+    const vf v = kSym ? q * vs : vm + (q - levelsAsym(kBits) * 0.5f) * vs;
+    y[k] = simd::maxOf(simd::splat(-kMax), simd::minOf(simd::splat(kMax), v));
+  }
+}
+
 // Decode the full group of G codes at `codes` with parameters s, m into o[0..G) (o[i] + x^ with
 // kAccumulate): decodeGroupValues' values.
 template <int kBits, bool kSym, bool kAccumulate, int G>
 QCOMM_SIMD_INLINE void decodeGroupFixed(const uint8_t* codes, float s, float m, float* o) {
-  const float kMax = 3.40282346638528859811704183484516925e+38f;
   const vf vs = simd::splat(s), vm = simd::splat(m);
-  const vf top = simd::splat(kMax), bottom = simd::splat(-kMax);
   for (int i = 0; i < G; i += 4 * simd::kLanes) {
-    vi c[4];
-    if (kBits == 8) {
-      for (int k = 0; k < 4; ++k) c[k] = simd::loadBytes<kSym>(codes + i + k * simd::kLanes);
-    } else {
-      simd::loadNibbles(codes + i / 2, c);
-      if (kSym) {
-        for (int k = 0; k < 4; ++k) c[k] = (c[k] ^ 8) - 8;
-      }
-    }
+    vf y[4];
+    dequantize32<kBits, kSym>(codes, i, vs, vm, y);
     for (int k = 0; k < 4; ++k) {
-      const vf q = __builtin_convertvector(c[k], vf);
-      // dequantizeUnclamped, then clampToFinite (a NaN passes: minOf(top, NaN) is NaN)
-      vf y = kSym ? q * vs : vm + (q - levelsAsym(kBits) * 0.5f) * vs;
-      y = simd::maxOf(bottom, simd::minOf(top, y));
       float* p = o + i + k * simd::kLanes;
-      simd::storef(p, kAccumulate ? simd::loadf(p) + y : y);
+      simd::storef(p, kAccumulate ? simd::loadf(p) + y[k] : y[k]);
     }
   }
 }
@@ -326,6 +335,38 @@ void decodeGroupsFixed(const uint8_t* block, int64_t n, const CodecSpec& c, int6
   }
   for (int64_t g = end > g0 ? end : g0; g < g1; ++g) {
     decodeGroupT<kBits, kSym, kAccumulate>(block, n, c, g, out);
+  }
+}
+
+// out[groups g0..g1] = x^_0 + x^_1 + ... + x^_{count-1}, the decoded values of the encoded blocks
+// blocks[0..count) of n elements each, summed in fp32 in that order: the bits of a decode and
+// count - 1 decodes with accumulate, in one pass over out instead of count.
+template <int kBits, bool kSym, int G>
+void decodeSumGroupsFixed(const uint8_t* const* blocks, int count, int64_t n, const CodecSpec& c,
+                          int64_t g0, int64_t g1, float* out) {
+  const int64_t groups = numGroups(n, c), data = dataOffset(n, c);
+  const int64_t full = n / G;
+  const int64_t end = g1 < full ? g1 : full;
+  for (int64_t g = g0; g < end; ++g) {
+    auto values = [&](int j, int i, vf* y) {
+      const float* meta = reinterpret_cast<const float*>(blocks[j]);
+      const vf vs = simd::splat(meta[g]), vm = simd::splat(kSym ? 0.0f : meta[groups + g]);
+      dequantize32<kBits, kSym>(blocks[j] + data + g * (G * kBits / 8), i, vs, vm, y);
+    };
+    for (int i = 0; i < G; i += 4 * simd::kLanes) {
+      vf acc[4];
+      values(0, i, acc);
+      for (int j = 1; j < count; ++j) {
+        vf y[4];
+        values(j, i, y);
+        for (int k = 0; k < 4; ++k) acc[k] = acc[k] + y[k];
+      }
+      for (int k = 0; k < 4; ++k) simd::storef(out + g * G + i + k * simd::kLanes, acc[k]);
+    }
+  }
+  for (int64_t g = end > g0 ? end : g0; g < g1; ++g) {
+    decodeGroupT<kBits, kSym, false>(blocks[0], n, c, g, out);
+    for (int j = 1; j < count; ++j) decodeGroupT<kBits, kSym, true>(blocks[j], n, c, g, out);
   }
 }
 

@@ -19,12 +19,18 @@ struct GroupLoops {
   // out[groups] = x^ (or out += x^ with accumulate)
   void (*decode)(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
                  float* out, bool accumulate);
+  // out[groups] = x^ of blocks[0] + x^ of blocks[1] + ... (count blocks of n elements), in fp32
+  // in that order
+  void (*decodeSum)(const uint8_t* const* blocks, int count, int64_t n, const CodecSpec& c,
+                    int64_t g0, int64_t g1, float* out);
   // encode of H x per group (n a multiple of the group size)
   void (*encodeRotated)(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, int64_t g0,
                         int64_t g1, uint8_t* dst, const Noise& noise);
   // out[groups] = H x^ / g
   void (*decodeRotated)(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
                         float* out);
+  // out[i] = float(x[i]), or out[i] + float(x[i]) with accumulate, for i in [b, e)
+  void (*widen)(const void* x, int32_t dtype, int64_t b, int64_t e, float* out, bool accumulate);
   // out[groups] = H float(x[groups]), groups of groupSize; out may be x (fp32)
   void (*rotate)(const void* x, int32_t dtype, int groupSize, int64_t g0, int64_t g1, float* out);
 };

@@ -2,6 +2,7 @@
 #include "codec/codec_ops.h"
 
 #include <stdexcept>
+#include <vector>
 
 #include "codec/codec_cpu.h"
 
@@ -15,6 +16,13 @@ void CpuCodecOps::encode(const void* x, int32_t dtype, int64_t n, const CodecSpe
 void CpuCodecOps::decode(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out,
                          bool accumulate) {
   decodeBlock(src, n, spec, out, accumulate);
+}
+
+void CpuCodecOps::decodeSum(const std::function<const uint8_t*(int)>& src, int count, int64_t n,
+                            const CodecSpec& spec, float* out) {
+  std::vector<const uint8_t*> blocks(static_cast<size_t>(count));
+  for (int k = 0; k < count; ++k) blocks[size_t(k)] = src(k);
+  decodeSumBlock(blocks.data(), count, n, spec, out);
 }
 
 void CpuCodecOps::decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,

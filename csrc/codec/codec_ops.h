@@ -24,8 +24,8 @@ struct CodecOps {
                       bool accumulate) = 0;
   // out = decode(src(0)) + decode(src(1)) + ... + decode(src(count - 1)), summed in fp32 in that
   // order: the values of a decode and count - 1 decodes with accumulate. src(j) may wait for block
-  // j to arrive: the CPU decodes each block as soon as it is there, the CUDA kernels take them all
-  // in one launch.
+  // j to arrive: the CPU waits for every block, then decodes them in one pass over out; the CUDA
+  // kernels take them all in one launch.
   virtual void decodeSum(const std::function<const uint8_t*(int)>& src, int count, int64_t n,
                          const CodecSpec& spec, float* out) {
     for (int k = 0; k < count; ++k) decode(src(k), n, spec, out, k > 0);
@@ -75,6 +75,9 @@ struct CpuCodecOps final : CodecOps {
               const Noise& noise) override;
   void decode(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out,
               bool accumulate) override;
+  // waits for every block, then decodes and sums them in one pass (codec_cpu.h decodeSumBlock)
+  void decodeSum(const std::function<const uint8_t*(int)>& src, int count, int64_t n,
+                 const CodecSpec& spec, float* out) override;
   void decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,
                        int32_t localDtype, int64_t n, float* partial, const CodecSpec& out,
                        uint8_t* dst, const Noise& noise) override;

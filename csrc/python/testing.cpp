@@ -108,18 +108,43 @@ at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmet
 }
 
 // Decode wire bytes of n elements to fp32 (rotate: and rotate each group back).
+// accumulate: out += the decoded values (out must be given).
 at::Tensor codecDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSize, bool symmetric,
-                       at::ScalarType raw, bool rotate, const c10::optional<at::Tensor>& into) {
+                       at::ScalarType raw, bool rotate, const c10::optional<at::Tensor>& into,
+                       bool accumulate) {
   const CodecSpec spec = makeSpec(bits, groupSize, symmetric, raw);
   TORCH_CHECK_VALUE(bytes.scalar_type() == at::kByte && bytes.numel() == encodedBytes(n, spec),
                     "[qcomm] codec: expected ", encodedBytes(n, spec), " bytes");
+  TORCH_CHECK_VALUE(!accumulate || (into && !rotate),
+                    "[qcomm] codec: accumulate=True adds into out= (not rotated)");
   at::Tensor b = bytes.contiguous();
   at::Tensor out = outputOf(into, n, at::kFloat);
   if (rotate) {
     decodeRotatedBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>());
   } else {
-    decodeBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>(), false);
+    decodeBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>(), accumulate);
   }
+  return out;
+}
+
+// The sum, in fp32 in list order, of the decoded values of blocks (CPU; CpuCodecOps::decodeSum).
+at::Tensor codecDecodeSum(const std::vector<at::Tensor>& blocks, int64_t n, int bits, int groupSize,
+                          bool symmetric, at::ScalarType raw,
+                          const c10::optional<at::Tensor>& into) {
+  const CodecSpec spec = makeSpec(bits, groupSize, symmetric, raw);
+  TORCH_CHECK_VALUE(!blocks.empty(), "[qcomm] codec_decode_sum: no block to sum");
+  std::vector<at::Tensor> held;
+  for (const at::Tensor& b : blocks) {
+    TORCH_CHECK_VALUE(
+        b.device().is_cpu() && b.scalar_type() == at::kByte && b.numel() == encodedBytes(n, spec),
+        "[qcomm] codec_decode_sum: expected ", encodedBytes(n, spec),
+        " bytes (uint8, CPU) per block");
+    held.push_back(b.contiguous());
+  }
+  at::Tensor out = outputOf(into, n, at::kFloat);
+  CpuCodecOps ops;
+  ops.decodeSum([&](int j) { return held[size_t(j)].data_ptr<uint8_t>(); }, int(held.size()), n,
+                spec, out.data_ptr<float>());
   return out;
 }
 
@@ -470,11 +495,14 @@ void registerTesting(py::module& m, py::object backendBase) {
         py::arg("rotate") = false, py::arg("out") = py::none());
   m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
         py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat,
-        py::arg("rotate") = false, py::arg("out") = py::none());
+        py::arg("rotate") = false, py::arg("out") = py::none(), py::arg("accumulate") = false);
   m.def("rotate_to_float", &rotateToFloatT, py::arg("x"), py::arg("group_size"));
   m.def("encoded_bytes", [](int64_t n, int bits, int groupSize, bool symmetric) {
     return encodedBytes(n, CodecSpec{bits, groupSize, symmetric ? 1 : 0, kFloat32});
   });
+  m.def("codec_decode_sum", &codecDecodeSum, py::arg("blocks"), py::arg("numel"), py::arg("bits"),
+        py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat,
+        py::arg("out") = py::none());
   m.def("codec_ops_hop", &codecOpsHop, py::arg("src"), py::arg("in_bits"), py::arg("local"),
         py::arg("out_bits"), py::arg("group_size"), py::arg("symmetric"),
         py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0,

@@ -176,6 +176,43 @@ def test_every_instruction_set_gives_the_generic_bytes(isa):
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_decode_sum_of_blocks_matches_sequential_decodes(isa):
+    # CpuCodecOps.decodeSum (two_step's sum of every rank's copy) decodes all blocks in one pass:
+    # the bits of a decode then count - 1 decodes with accumulate, in list order (fp32 addition
+    # is not associative, so the order shows), the special groups of _values included
+    for bits, sym, g in itertools.product([8, 4], [False, True], [32, 128, 1024]):
+        n = 13 * g + 13
+        blocks = [
+            ref.encode_bytes(_values(n, g, seed=g + k) * (k + 1), ref.Codec(bits, g, sym))
+            for k in range(4)
+        ]
+        for count in (1, 2, 4):
+            got = _C._testing.codec_decode_sum(blocks[:count], n, bits, g, sym)
+            want = _C._testing.codec_decode(blocks[0], n, bits, g, sym)
+            for b in blocks[1:count]:
+                want = want + _C._testing.codec_decode(b, n, bits, g, sym)
+            assert same_floats(got, want), f"{isa} {bits}b sym={sym} g={g} count={count}"
+    raw = [torch.randn(1000, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    got = _C._testing.codec_decode_sum([r.view(torch.uint8) for r in raw], 1000, 0, 128, False)
+    assert same_floats(got, raw[0] + raw[1] + raw[2]), f"{isa} raw blocks"
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_widening_matches_torch_on_every_16_bit_value(isa):
+    # the loops' widening (F16C for fp16 where the level has it): every bit pattern, in a length
+    # that leaves a tail of one-by-one elements, plain and added to fp32 values
+    for dt in (torch.float16, torch.bfloat16):
+        h = torch.arange(0, (1 << 16) + 5, dtype=torch.int32).to(torch.int16).view(dt)
+        assert same_floats(_C._testing.cast_to_float(h), h.float()), f"{isa} {dt}"
+        base = torch.randn(h.numel(), generator=torch.Generator().manual_seed(8))
+        n = h.numel()
+        src = ref.encode_bytes(base, ref.Codec(8, 128, False, dt))
+        partial, _ = _C._testing.codec_ops_hop(src, 8, h, 8, 128, False)
+        want = _C._testing.codec_decode(src, n, 8, 128, False) + h.float()
+        assert same_floats(partial, want), f"{isa} {dt}: decoded + local"
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
 def test_fused_hop_matches_reference_across_pieces(isa):
     # CpuCodecOps.decodeAddEncode decodes, adds and encodes piece by piece (16384 elements): a
     # message of several pieces and a short last group gives the bits of the three passes
