@@ -16,7 +16,9 @@
 namespace qcomm {
 namespace QCOMM_SIMD_NS {
 
-// f(x as a pointer to the elements of `dtype`)
+// f(x as a pointer to the elements of `dtype`). codec_cpu.cpp's dispatching code has its own: this
+// one is in the instruction set's namespace so that each unit's instantiations stay its own (one
+// template shared by units of different targets could be linked with the widest one's code).
 template <class F>
 QCOMM_SIMD_INLINE void withElements(const void* x, int32_t dtype, F&& f) {
   switch (dtype) {
