@@ -422,5 +422,12 @@ QCOMM_SIMD_INLINE void withCodec(const CodecSpec& c, F&& f) {
   }
 }
 
+// f(group size, bits, symmetric) as compile-time constants; false for a group size the fixed-size
+// loops do not cover.
+template <class F>
+QCOMM_SIMD_INLINE bool withFixedCodec(const CodecSpec& c, F&& f) {
+  return withGroupSize(c, [&](auto size) { withCodec(c, [&](auto b, auto s) { f(size, b, s); }); });
+}
+
 }  // namespace QCOMM_SIMD_NS
 }  // namespace qcomm

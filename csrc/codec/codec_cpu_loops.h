@@ -38,17 +38,14 @@ QCOMM_SIMD_INLINE void withElements(const void* x, int32_t dtype, F&& f) {
 template <bool kRotate, class T>
 bool encodeFast(const T* x, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1, uint8_t* dst,
                 const Noise& noise) {
-  return withGroupSize(c, [&](auto size) {
-    constexpr int G = decltype(size)::value;
-    withCodec(c, [&](auto bits, auto sym) {
-      constexpr int B = decltype(bits)::value;
-      constexpr bool S = decltype(sym)::value;
-      if (noise.on) {
-        encodeGroupsFixed<B, S, kRotate, true, G>(x, n, c, g0, g1, dst, noise);
-      } else {
-        encodeGroupsFixed<B, S, kRotate, false, G>(x, n, c, g0, g1, dst, noise);
-      }
-    });
+  return withFixedCodec(c, [&](auto size, auto bits, auto sym) {
+    constexpr int G = decltype(size)::value, B = decltype(bits)::value;
+    constexpr bool S = decltype(sym)::value;
+    if (noise.on) {
+      encodeGroupsFixed<B, S, kRotate, true, G>(x, n, c, g0, g1, dst, noise);
+    } else {
+      encodeGroupsFixed<B, S, kRotate, false, G>(x, n, c, g0, g1, dst, noise);
+    }
   });
 }
 
@@ -70,17 +67,14 @@ void encodeRotatedRange(const void* x, int32_t dtype, int64_t n, const CodecSpec
 
 void decodeRange(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
                  float* out, bool accumulate) {
-  const bool fast = withGroupSize(c, [&](auto size) {
-    constexpr int G = decltype(size)::value;
-    withCodec(c, [&](auto bits, auto sym) {
-      constexpr int B = decltype(bits)::value;
-      constexpr bool S = decltype(sym)::value;
-      if (accumulate) {
-        decodeGroupsFixed<B, S, true, G>(src, n, c, g0, g1, out);
-      } else {
-        decodeGroupsFixed<B, S, false, G>(src, n, c, g0, g1, out);
-      }
-    });
+  const bool fast = withFixedCodec(c, [&](auto size, auto bits, auto sym) {
+    constexpr int G = decltype(size)::value, B = decltype(bits)::value;
+    constexpr bool S = decltype(sym)::value;
+    if (accumulate) {
+      decodeGroupsFixed<B, S, true, G>(src, n, c, g0, g1, out);
+    } else {
+      decodeGroupsFixed<B, S, false, G>(src, n, c, g0, g1, out);
+    }
   });
   if (fast) return;
   for (int64_t g = g0; g < g1; ++g) {
@@ -100,13 +94,9 @@ void decodeRange(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, 
 void decodeSumRange(const uint8_t* const* blocks, int count, int64_t n, const CodecSpec& c,
                     int64_t g0, int64_t g1, float* out) {
   if (QCOMM_SIMD_LEVEL >= 2) {
-    const bool fast = withGroupSize(c, [&](auto size) {
-      constexpr int G = decltype(size)::value;
-      withCodec(c, [&](auto bits, auto sym) {
-        constexpr int B = decltype(bits)::value;
-        constexpr bool S = decltype(sym)::value;
-        decodeSumGroupsFixed<B, S, G>(blocks, count, n, c, g0, g1, out);
-      });
+    const bool fast = withFixedCodec(c, [&](auto size, auto bits, auto sym) {
+      constexpr int G = decltype(size)::value, B = decltype(bits)::value;
+      decodeSumGroupsFixed<B, decltype(sym)::value, G>(blocks, count, n, c, g0, g1, out);
     });
     if (fast) return;
   }
@@ -115,13 +105,10 @@ void decodeSumRange(const uint8_t* const* blocks, int count, int64_t n, const Co
 
 void decodeRotatedRange(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
                         float* out) {
-  const bool fast = withGroupSize(c, [&](auto size) {
-    constexpr int G = decltype(size)::value;
-    withCodec(c, [&](auto bits, auto sym) {
-      constexpr int B = decltype(bits)::value;
-      constexpr bool S = decltype(sym)::value;
-      for (int64_t g = g0; g < g1; ++g) decodeRotatedGroupFixed<B, S, G>(src, n, c, g, out);
-    });
+  const bool fast = withFixedCodec(c, [&](auto size, auto bits, auto sym) {
+    constexpr int G = decltype(size)::value, B = decltype(bits)::value;
+    constexpr bool S = decltype(sym)::value;
+    for (int64_t g = g0; g < g1; ++g) decodeRotatedGroupFixed<B, S, G>(src, n, c, g, out);
   });
   if (fast) return;
   for (int64_t g = g0; g < g1; ++g) decodeRotatedGroup(src, n, c, g, out);
