@@ -177,13 +177,22 @@ def worker(args) -> int:
         configs = []
         shadows = [0, args.shadow] if args.shadow else [0]
         groups = [int(g) for g in args.groups.split(",")]
-        for algo, bits, group, isa, rot, shadow in itertools.product(
-            args.algorithms.split(","), args.bits.split(","), groups, isas, rotations, shadows
+        pieces = [int(m) for m in args.microshards.split(",")]
+        for algo, bits, group, isa, rot, shadow, ms in itertools.product(
+            args.algorithms.split(","),
+            args.bits.split(","),
+            groups,
+            isas,
+            rotations,
+            shadows,
+            pieces,
         ):
             rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
             what = f"{algo} [{isa}]" if args.isas else algo
             if len(groups) > 1 or group != 128:
                 what += f" g{group}"
+            if len(pieces) > 1:
+                what += f" m{ms}"
             if args.rotate == "both":
                 what += " rotated" if rot else ""
             if shadow:
@@ -193,7 +202,7 @@ def worker(args) -> int:
                 rs_bits=rs,
                 ag_bits=ag,
                 min_bytes=0,
-                microshards=args.microshards,
+                microshards=ms,
                 group_size=group,
                 rotate=rot,
                 tune=False,
@@ -440,7 +449,11 @@ def main() -> int:
     ap.add_argument("--bits", default="8/8,4/8,4/4")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--microshards", type=int, default=4)
+    ap.add_argument(
+        "--microshards",
+        default="4",
+        help="QuantConfig(microshards=...) to time, e.g. 1,4,16 (side by side, labelled m<N>)",
+    )
     ap.add_argument(
         "--groups", default="128", help="QuantConfig(group_size=...) to time, e.g. 32,128"
     )
