@@ -4,6 +4,7 @@ allreduce.
     .venv/bin/python benchmarks/codec_throughput.py                 # the tables and the profile
     .venv/bin/python benchmarks/codec_throughput.py --no-allreduce  # the codec tables (~30 s)
     .venv/bin/python benchmarks/codec_throughput.py --one-core      # per instruction set, vs copy
+    .venv/bin/python benchmarks/codec_throughput.py --streamed      # a result's decode, streamed
 
 1. Codec microbenchmark, one thread (``torch.set_num_threads(1)``), through
    ``qcomm._C._testing.codec_encode`` and ``qcomm._C._testing.codec_decode``: encode and decode
@@ -322,6 +323,74 @@ def one_core_bench(opts) -> list:
     return list(rows.values())
 
 
+STREAMED_SIZES_MIB = (1, 2, 4, 8, 16, 64)
+
+
+def streamed_bench(opts) -> list:
+    """--streamed: decode (8-bit g128, asymmetric) into a reused fp32 output with plain stores and
+    with non-temporal ones (codec_decode(streamed=True), CpuCodecOps::decodeResult's path), per
+    instruction set and output size, each call timed alone. cold: a 128 MiB sum between calls
+    evicts the output from the caches (an allreduce's result, last touched when its input was
+    encoded); hot: the output was just written by the call before. Rounds interleave everything;
+    returns rows of per-round time ratios plain / streamed."""
+    import torch
+
+    from qcomm import _C
+
+    t = _C._testing
+    evict = torch.randn(32 << 20, generator=torch.Generator().manual_seed(5))
+    cases = []
+    for mib in STREAMED_SIZES_MIB:
+        n = (mib << 20) // 4
+        x = torch.randn(n, generator=torch.Generator().manual_seed(mib))
+        enc = t.codec_encode(x, 8, opts.group_size, False)
+        cases.append((mib, n, enc, torch.empty(n)))
+    rows = {}
+    for r in range(opts.rounds):
+        for isa in opts.isas:
+            before = t.set_cpu_isa(isa)
+            try:
+                for mib, n, enc, out in cases:
+                    for cold in (False, True):
+                        times = {False: [], True: []}
+                        for _ in range(9):
+                            for streamed in (False, True):
+                                if cold:
+                                    evict.sum()
+                                t0 = time.perf_counter()
+                                t.codec_decode(
+                                    enc, n, 8, opts.group_size, False, out=out, streamed=streamed
+                                )
+                                times[streamed].append(time.perf_counter() - t0)
+                        row = rows.setdefault(
+                            (isa, mib, cold), dict(isa=isa, mib=mib, cold=cold, ratio=[], ms=[])
+                        )
+                        plain, streamed_s = (statistics.median(times[k]) for k in (False, True))
+                        row["ratio"].append(plain / streamed_s)
+                        row["ms"].append((plain * 1e3, streamed_s * 1e3))
+            finally:
+                t.set_cpu_isa(before)
+        print(f"[streamed] round {r + 1}/{opts.rounds} done", file=sys.stderr, flush=True)
+    return list(rows.values())
+
+
+def streamed_table(rows: list) -> str:
+    lines = [
+        "| isa | output | cache | plain ms | streamed ms | plain / streamed (range) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        plain = statistics.median(m[0] for m in row["ms"])
+        streamed = statistics.median(m[1] for m in row["ms"])
+        v = row["ratio"]
+        lines.append(
+            f"| {row['isa']} | {row['mib']} MiB | {'cold' if row['cold'] else 'hot'} | "
+            f"{plain:.3f} | {streamed:.3f} | {statistics.median(v):.2f} "
+            f"({min(v):.2f}-{max(v):.2f}) |"
+        )
+    return "\n".join(lines)
+
+
 def one_core_table(rows: list) -> str:
     """Median GB/s (min-max over rounds) per column, and encode over copy."""
 
@@ -627,6 +696,12 @@ def main(argv=None) -> int:
         "apart, as for a build whose test hooks take no out= (to compare with one)",
     )
     ap.add_argument(
+        "--streamed",
+        action="store_true",
+        help="only the decode of a result with plain against non-temporal stores, per instruction "
+        "set, outputs of 1 to 64 MiB, cold and hot, interleaved over --rounds",
+    )
+    ap.add_argument(
         "--one-core",
         action="store_true",
         help="only encode, decode, a ring hop and a copy of the same bytes, per instruction set, "
@@ -663,6 +738,17 @@ def main(argv=None) -> int:
         + " ".join(f"{x:.2f}" for x in os.getloadavg()),
         flush=True,
     )
+    if opts.streamed:
+        if not opts.isas:
+            opts.isas = [_C.cpu_isa()]
+        rows = streamed_bench(opts)
+        print(
+            f"\n## A result's decode, plain and streamed stores ({opts.rounds} interleaved rounds; "
+            "8-bit g128 asymmetric, one thread; medians of 9 calls per round)\n"
+        )
+        print(streamed_table(rows), flush=True)
+        print(f"\n# {time.perf_counter() - start:.0f} s", flush=True)
+        return 0
     if opts.one_core:
         if not opts.isas:
             opts.isas = [_C.cpu_isa()]

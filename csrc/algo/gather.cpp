@@ -45,10 +45,10 @@ GatherPhase::GatherPhase(Call& c, at::Tensor send, at::Tensor recv, float* scrat
 void GatherPhase::decodeToOutput(const uint8_t* bytes, ChunkRange range) {
   if (range.len == 0) return;
   if (c_.inPlace()) {
-    c_.decodeOutput(bytes, range.len, c_.inputFloats(range.begin));
+    c_.decodeOutput(bytes, range.len, c_.inputFloats(range.begin), true);
     return;
   }
-  c_.decodeOutput(bytes, range.len, scratch_);
+  c_.decodeOutput(bytes, range.len, scratch_, false);
   c_.ops.castFromFloat(scratch_, range.len, c_.plan.dtype, c_.input(range.begin));
 }
 

@@ -121,10 +121,13 @@ struct Call {
     *dtype = kFloat32;
     return partial;
   }
-  // out = the gather codec's block decoded (and rotated back, for a rotated plan).
-  void decodeOutput(const uint8_t* bytes, int64_t len, float* out) const {
+  // out = the gather codec's block decoded (and rotated back, for a rotated plan). result: out is
+  // the call's output, not read again by the call (CodecOps::decodeResult).
+  void decodeOutput(const uint8_t* bytes, int64_t len, float* out, bool result) const {
     if (plan.rotate) {
       ops.decodeRotated(bytes, len, plan.ag, out);
+    } else if (result) {
+      ops.decodeResult(bytes, len, plan.ag, out);
     } else {
       ops.decode(bytes, len, plan.ag, out, false);
     }

@@ -189,6 +189,16 @@ void decodeBlock(const uint8_t* src, int64_t n, const CodecSpec& c, float* out, 
                  [&](int64_t g0, int64_t g1) { decode(src, n, c, g0, g1, out, accumulate); });
 }
 
+void decodeBlockStreamed(const uint8_t* src, int64_t n, const CodecSpec& c, float* out) {
+  if (c.bits == 0 || reinterpret_cast<uintptr_t>(out) % 32 != 0) {
+    decodeBlock(src, n, c, out, false);
+    return;
+  }
+  if (n == 0) return;
+  const auto decode = groupLoops().decodeStreamed;
+  forGroupRanges(numGroups(n, c), [&](int64_t g0, int64_t g1) { decode(src, n, c, g0, g1, out); });
+}
+
 void decodeSumBlock(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
                     float* out) {
   if (n == 0 || count == 0) return;

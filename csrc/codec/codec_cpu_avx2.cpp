@@ -20,6 +20,7 @@ namespace qcomm {
 const GroupLoops kAvx2Loops = {"avx2",
                                avx2::encodeRange,
                                avx2::decodeRange,
+                               avx2::decodeStreamedRange,
                                avx2::decodeSumRange,
                                avx2::encodeRotatedRange,
                                avx2::decodeRotatedRange,

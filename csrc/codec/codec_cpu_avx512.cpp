@@ -24,6 +24,7 @@ namespace qcomm {
 const GroupLoops kAvx512Loops = {"avx512",
                                  avx512::encodeRange,
                                  avx512::decodeRange,
+                                 avx512::decodeStreamedRange,
                                  avx512::decodeSumRange,
                                  avx512::encodeRotatedRange,
                                  avx512::decodeRotatedRange,

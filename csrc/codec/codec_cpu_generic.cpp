@@ -16,6 +16,7 @@ namespace qcomm {
 const GroupLoops kGenericLoops = {"generic",
                                   generic::encodeRange,
                                   generic::decodeRange,
+                                  generic::decodeStreamedRange,
                                   generic::decodeSumRange,
                                   generic::encodeRotatedRange,
                                   generic::decodeRotatedRange,

@@ -307,32 +307,40 @@ QCOMM_SIMD_INLINE void dequantize32(const uint8_t* codes, int i, vf vs, vf vm, v
 }
 
 // Decode the full group of G codes at `codes` with parameters s, m into o[0..G) (o[i] + x^ with
-// kAccumulate): decodeGroupValues' values.
-template <int kBits, bool kSym, bool kAccumulate, int G>
+// kAccumulate): decodeGroupValues' values. kStream: non-temporal stores (o 32-byte aligned; the
+// caller fences).
+template <int kBits, bool kSym, bool kAccumulate, int G, bool kStream = false>
 QCOMM_SIMD_INLINE void decodeGroupFixed(const uint8_t* codes, float s, float m, float* o) {
+  static_assert(!(kStream && kAccumulate), "a streamed decode overwrites");
   const vf vs = simd::splat(s), vm = simd::splat(m);
   for (int i = 0; i < G; i += 4 * simd::kLanes) {
     vf y[4];
     dequantize32<kBits, kSym>(codes, i, vs, vm, y);
     for (int k = 0; k < 4; ++k) {
       float* p = o + i + k * simd::kLanes;
-      simd::storef(p, kAccumulate ? simd::loadf(p) + y[k] : y[k]);
+      if (kStream) {
+        simd::streamf(p, y[k]);
+      } else {
+        simd::storef(p, kAccumulate ? simd::loadf(p) + y[k] : y[k]);
+      }
     }
   }
 }
 
 // Decode groups g0..g1 of an encoded block of n elements into out (out += x^ with kAccumulate):
-// full groups here, a short last group through codec.h.
-template <int kBits, bool kSym, bool kAccumulate, int G>
+// full groups here, a short last group through codec.h. kStream: the full groups with
+// non-temporal stores (out 32-byte aligned), fenced before the return.
+template <int kBits, bool kSym, bool kAccumulate, int G, bool kStream = false>
 void decodeGroupsFixed(const uint8_t* block, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
                        float* out) {
   const BlockLayout at = blockLayout(const_cast<uint8_t*>(block), n, c);
   const int64_t full = n / G;
   const int64_t end = g1 < full ? g1 : full;
   for (int64_t g = g0; g < end; ++g) {
-    decodeGroupFixed<kBits, kSym, kAccumulate, G>(at.data + g * (G * kBits / 8), at.scales[g],
-                                                  kSym ? 0.0f : at.mids[g], out + g * G);
+    decodeGroupFixed<kBits, kSym, kAccumulate, G, kStream>(
+        at.data + g * (G * kBits / 8), at.scales[g], kSym ? 0.0f : at.mids[g], out + g * G);
   }
+  if (kStream) simd::streamFence();
   for (int64_t g = end > g0 ? end : g0; g < g1; ++g) {
     decodeGroupT<kBits, kSym, kAccumulate>(block, n, c, g, out);
   }

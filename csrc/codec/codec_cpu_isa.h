@@ -19,6 +19,9 @@ struct GroupLoops {
   // out[groups] = x^ (or out += x^ with accumulate)
   void (*decode)(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
                  float* out, bool accumulate);
+  // out[groups] = x^ with non-temporal stores (out 32-byte aligned)
+  void (*decodeStreamed)(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
+                         float* out);
   // out[groups] = x^ of blocks[0] + x^ of blocks[1] + ... (count blocks of n elements), in fp32
   // in that order
   void (*decodeSum)(const uint8_t* const* blocks, int count, int64_t n, const CodecSpec& c,

@@ -86,6 +86,18 @@ void decodeRange(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, 
   }
 }
 
+// decodeRange's overwrite with non-temporal stores (out 32-byte aligned), for a large output that
+// nothing reads soon: its lines are written without first being read (the baseline's streamf is a
+// plain store). Formats without a fixed-size loop decode as decodeRange does.
+void decodeStreamedRange(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
+                         float* out) {
+  const bool fast = withFixedCodec(c, [&](auto size, auto bits, auto sym) {
+    constexpr int G = decltype(size)::value, B = decltype(bits)::value;
+    decodeGroupsFixed<B, decltype(sym)::value, false, G, true>(src, n, c, g0, g1, out);
+  });
+  if (!fast) decodeRange(src, n, c, g0, g1, out, false);
+}
+
 // The sum of the copies. With AVX2 and above, decodeSumGroupsFixed: each group of every copy
 // decoded and added in registers, one pass over out (1.3x-1.5x two whole decodes at 64 MiB,
 // RESULTS.md). The baseline's 16 registers of 128 bits hold too little of that loop (0.90x of two

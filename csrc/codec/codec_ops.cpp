@@ -18,6 +18,14 @@ void CpuCodecOps::decode(const uint8_t* src, int64_t n, const CodecSpec& spec, f
   decodeBlock(src, n, spec, out, accumulate);
 }
 
+void CpuCodecOps::decodeResult(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out) {
+  if (n * int64_t(sizeof(float)) >= kStreamedDecodeBytes) {
+    decodeBlockStreamed(src, n, spec, out);
+  } else {
+    decodeBlock(src, n, spec, out, false);
+  }
+}
+
 void CpuCodecOps::decodeSum(const std::function<const uint8_t*(int)>& src, int count, int64_t n,
                             const CodecSpec& spec, float* out) {
   std::vector<const uint8_t*> blocks(static_cast<size_t>(count));

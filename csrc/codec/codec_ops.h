@@ -22,6 +22,11 @@ struct CodecOps {
   // out = x^ of the block at src (out += x^ with accumulate).
   virtual void decode(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out,
                       bool accumulate) = 0;
+  // out = x^ of the block at src, where out is the call's result, written for the last time
+  // (nothing of the call reads it again): the CPU writes a large one past the cache.
+  virtual void decodeResult(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out) {
+    decode(src, n, spec, out, false);
+  }
   // out = decode(src(0)) + decode(src(1)) + ... + decode(src(count - 1)), summed in fp32 in that
   // order: the values of a decode and count - 1 decodes with accumulate. src(j) may wait for block
   // j to arrive: the CPU waits for every block, then decodes them in one pass over out; the CUDA
@@ -75,6 +80,8 @@ struct CpuCodecOps final : CodecOps {
               const Noise& noise) override;
   void decode(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out,
               bool accumulate) override;
+  // decodeBlockStreamed from kStreamedDecodeBytes of output up
+  void decodeResult(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out) override;
   // waits for every block, then decodes and sums them in one pass (codec_cpu.h decodeSumBlock)
   void decodeSum(const std::function<const uint8_t*(int)>& src, int count, int64_t n,
                  const CodecSpec& spec, float* out) override;

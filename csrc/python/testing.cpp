@@ -111,16 +111,20 @@ at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmet
 // accumulate: out += the decoded values (out must be given).
 at::Tensor codecDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSize, bool symmetric,
                        at::ScalarType raw, bool rotate, const c10::optional<at::Tensor>& into,
-                       bool accumulate) {
+                       bool accumulate, bool streamed) {
   const CodecSpec spec = makeSpec(bits, groupSize, symmetric, raw);
   TORCH_CHECK_VALUE(bytes.scalar_type() == at::kByte && bytes.numel() == encodedBytes(n, spec),
                     "[qcomm] codec: expected ", encodedBytes(n, spec), " bytes");
   TORCH_CHECK_VALUE(!accumulate || (into && !rotate),
                     "[qcomm] codec: accumulate=True adds into out= (not rotated)");
+  TORCH_CHECK_VALUE(!streamed || (!accumulate && !rotate),
+                    "[qcomm] codec: streamed=True overwrites (not accumulate, not rotated)");
   at::Tensor b = bytes.contiguous();
   at::Tensor out = outputOf(into, n, at::kFloat);
   if (rotate) {
     decodeRotatedBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>());
+  } else if (streamed) {
+    decodeBlockStreamed(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>());
   } else {
     decodeBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>(), accumulate);
   }
@@ -495,7 +499,8 @@ void registerTesting(py::module& m, py::object backendBase) {
         py::arg("rotate") = false, py::arg("out") = py::none());
   m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
         py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat,
-        py::arg("rotate") = false, py::arg("out") = py::none(), py::arg("accumulate") = false);
+        py::arg("rotate") = false, py::arg("out") = py::none(), py::arg("accumulate") = false,
+        py::arg("streamed") = false);
   m.def("rotate_to_float", &rotateToFloatT, py::arg("x"), py::arg("group_size"));
   m.def("encoded_bytes", [](int64_t n, int bits, int groupSize, bool symmetric) {
     return encodedBytes(n, CodecSpec{bits, groupSize, symmetric ? 1 : 0, kFloat32});

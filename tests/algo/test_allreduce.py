@@ -149,6 +149,31 @@ def _nonfinite_worker(rank, world):
     return problems
 
 
+def _large_result_worker(rank, world):
+    # decodes of 8 MiB and more into the result stream past the cache (CpuCodecOps::decodeResult):
+    # a message whose pieces are that large, with a NaN and a short last group
+    problems = []
+    qcomm.set_config(qcomm.QuantConfig(algorithm="two_step", min_bytes=0, microshards=1))
+    xs = _inputs(world, (4 << 20) + 77, torch.float32, seed=7)
+    xs[1][5] = float("nan")
+    x = xs[rank].clone()
+    dist.all_reduce(x)
+    r = ref.allreduce(xs, "two_step", 8, 8)
+    if not _same_bits(x, r.out):
+        problems.append("a large result differs from the reference")
+    digests = [None] * world
+    dist.all_gather_object(digests, _digest(x))
+    if len(set(digests)) != 1:
+        problems.append("a large result: ranks disagree")
+    return problems
+
+
+def test_large_result_matches_reference():
+    problems = run_ranks(_large_result_worker, 2, timeout=300)
+    flat = sorted(set(p for ps in problems for p in ps))
+    assert not flat, "\n".join(flat)
+
+
 def test_nonfinite_stays_nonfinite():
     problems = run_ranks(_nonfinite_worker, 3)
     flat = sorted(set(p for ps in problems for p in ps))

@@ -176,6 +176,26 @@ def test_every_instruction_set_gives_the_generic_bytes(isa):
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_streamed_decode_matches_decode(isa):
+    # decodeBlockStreamed (a large result's decode, non-temporal stores with AVX2 and up) writes
+    # decodeBlock's bits: every group size, 8 and 4 bits, both kinds of scale, a short last group,
+    # the special groups of _values; an output that is not 32-byte aligned takes decodeBlock, and
+    # a stale output (NaN-filled) is overwritten everywhere
+    for bits, sym, g in itertools.product([8, 4], [False, True], GROUPS):
+        n = 13 * g + 13
+        block = ref.encode_bytes(_values(n, g, seed=g + bits), ref.Codec(bits, g, sym))
+        want = _C._testing.codec_decode(block, n, bits, g, sym)
+        room = torch.full((n + 8,), float("nan"))
+        for offset in (0, 1):  # torch's storage is 64-byte aligned: 1 float in is not
+            out = room[offset : offset + n]
+            got = _C._testing.codec_decode(block, n, bits, g, sym, out=out, streamed=True)
+            assert same_floats(got, want), f"{isa} {bits}b sym={sym} g={g} offset={offset}"
+    raw = torch.randn(1000)
+    got = _C._testing.codec_decode(raw.view(torch.uint8), 1000, 0, 128, False, streamed=True)
+    assert same_floats(got, raw), f"{isa} raw block"
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
 def test_decode_sum_of_blocks_matches_sequential_decodes(isa):
     # CpuCodecOps.decodeSum (two_step's sum of every rank's copy) decodes all blocks in one pass:
     # the bits of a decode then count - 1 decodes with accumulate, in list order (fp32 addition
