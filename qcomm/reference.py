@@ -382,9 +382,18 @@ def _noise_of(stochastic_seq: Optional[int], start: int):
 def _reduce_chunk(parts, c: int, algorithm: str, rs: Codec, nz) -> _Tracked:
     """The reduce half of `algorithm` for chunk c (owned by rank c): parts[r] is rank r's input of
     the chunk; returns the owner's fp32 sum with its bound (the allreduce's and the
-    reduce-scatter's shared part)."""
+    reduce-scatter's shared part). two_step: the owner's own values exact, then the other ranks'
+    decoded copies in rank order; "two_step_quantized_own": every rank's copy decoded and summed in
+    rank order, the owner's own too, as Flash Communication's all-to-all quantizes every slot
+    (what the fused CUDA-IPC experiment, csrc/experiments/ipc_fused, computes)."""
     world = len(parts)
     if algorithm == "two_step":
+        s = _start(parts[c])
+        for r in range(world):
+            if r != c:
+                h = _start(parts[r]).hop(rs, nz(r, 0))
+                s = s.add(h.v, h.b)
+    elif algorithm == "two_step_quantized_own":
         s = _start(parts[0]).hop(rs, nz(0, 0))
         for r in range(1, world):
             h = _start(parts[r]).hop(rs, nz(r, 0))
@@ -431,8 +440,9 @@ def reduce_scatter(
     fp32 sum times float32(factor), never the tensor's dtype). rotate: as QuantConfig.rotate
     (None: on when rs_bits is 4; _reduce_scatter_rotated).
 
-    Bound: the reduce half's (as the allreduce's: one quantization per value for two_step, the
-    chain's hops for the rings), the scaling's fp32 rounding and the final cast; no gather term."""
+    Bound: the reduce half's (as the allreduce's: at most one quantization per value for
+    two_step, the chain's hops for the rings), the scaling's fp32 rounding and the final cast; no
+    gather term."""
     if rotate is None:
         rotate = rs_bits == 4
     if rotate:

@@ -94,11 +94,7 @@ void GatherPhase::fromInput() {
   for (int k = 0; k < c_.pieces; ++k) {
     const ChunkRange own = c_.piece(c_.rank, k);
     float* sum = c_.inPlace() ? c_.inputFloats(own.begin) : scratch_;
-    if (c_.plan.rotate && own.len > 0) {
-      c_.ops.rotateToFloat(c_.input(own.begin), c_.plan.dtype, own.len, c_.plan.rs.groupSize, sum);
-    } else if (!c_.inPlace() && own.len > 0) {
-      c_.ops.castToFloat(c_.input(own.begin), c_.plan.dtype, own.len, sum);
-    }
+    c_.ownToFloat(own, sum);
     ownPieceReady(k, sum);
   }
   finish();

@@ -121,6 +121,16 @@ struct Call {
     *dtype = kFloat32;
     return partial;
   }
+  // out = this rank's input of elements r in fp32 (rotated, for a rotated plan): the owner's own
+  // values, which never travel. Nothing to do where out is the fp32 input itself, unrotated.
+  void ownToFloat(ChunkRange r, float* out) const {
+    if (r.len == 0) return;
+    if (plan.rotate) {
+      ops.rotateToFloat(input(r.begin), plan.dtype, r.len, plan.rs.groupSize, out);
+    } else if (out != input(r.begin)) {
+      ops.castToFloat(input(r.begin), plan.dtype, r.len, out);
+    }
+  }
   // out = the gather codec's block decoded (and rotated back, for a rotated plan). result: out is
   // the call's output, not read again by the call (CodecOps::decodeResult).
   void decodeOutput(const uint8_t* bytes, int64_t len, float* out, bool result) const {

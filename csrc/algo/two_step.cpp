@@ -3,23 +3,26 @@
 // Terms: W ranks, one chunk per rank (chunk c is owned by rank c), each chunk cut into P pieces of
 // whole groups (the plan's microshards where the transport overlaps transfers with the codec,
 // else 1). A unit is one piece of one chunk.
-//   1. reduce phase: every rank encodes each unit (c, k) of every chunk with the reduce codec and
-//      sends it to rank c (peers in rotated order r+1, r+2, ..., so that not every rank sends to
-//      rank 0 first); its own units stay local. Piece k of all chunks is one all-to-all;
-//   2. rank c, piece by piece, decodes the W copies of (c, k) to fp32 and sums them in rank order
-//      0..W-1; the sum enters the gather phase (schedule.h): AVG divides by W, the gather codec
-//      encodes it, every rank receives those bytes and decodes them into place, the owner too
-//      (DESIGN invariant 1);
+//   1. reduce phase: every rank encodes each unit (c, k) of every other rank's chunk with the
+//      reduce codec and sends it to rank c (peers in rotated order r+1, r+2, ..., so that not
+//      every rank sends to rank 0 first). Piece k of all chunks is one all-to-all; a rank's own
+//      slot in it is never written (its own units do not travel: see 2);
+//   2. rank c, piece by piece, sums its own values of (c, k), exact (in fp32: the input, cast or
+//      rotated), and then the decoded copies of the W - 1 others in rank order, skipping its own;
+//      the sum enters the gather phase (schedule.h): AVG divides by W, the gather codec encodes
+//      it, every rank receives those bytes and decodes them into place, the owner too (DESIGN
+//      invariant 1);
 //   3. every rank decodes each received unit of the gather phase into place.
+// The owner's own values are summed as they are, not as a decoded copy of their own encoding
+// (Flash Communication's all-to-all quantizes every slot, its own included): a rank quantizes
+// (W - 1)/W of its input in the reduce phase instead of all of it, and the sum holds one
+// quantization error fewer (tests: qcomm/reference.py's two_step).
 // Every exchange is declared before the first encode, and every unit is sent as soon as it is
 // encoded, so over Gloo the first sums start while later units are still on the wire, and the
-// gather phase's units leave while later sums are computed. fp32 messages sum in place (the input
-// of that piece is already encoded), others in an fp32 scratch of one piece.
-// Over a transport that overlaps the codec (host memory over Gloo, point to point) a rank's own
-// units never travel, so they are not kept in the send buffer: each is encoded into one unit of
-// its own just before its sum (the same bytes, noise included), which spares 1/W of the send
-// buffer (at W = 2 a quarter of a 16-bit message). Stream-ordered transports move the own slot
-// with the rest in one collective and reuse the send buffer for the gather phase: as before.
+// gather phase's units leave while later sums are computed. fp32 messages sum in place (the own
+// values are the input itself), others in an fp32 scratch of one piece. Stream-ordered
+// transports (NCCL, CUDA IPC) move the reduce phase in one collective and reuse its buffers for
+// the gather phase.
 #include "algo/schedule.h"
 
 namespace qcomm {
@@ -39,8 +42,6 @@ void twoStep(Call& c) {
   at::Tensor agSend = reuse ? rsSend : c.byteBuffer(inMessage ? 0 : agUnit * P);
   at::Tensor agRecv = reuse ? rsRecv : c.byteBuffer(inMessage ? 0 : agUnit * W * P);
   at::Tensor scratch = c.floatBuffer(c.inPlace() ? 0 : c.pieceElems);
-  const bool ownApart = !reuse;
-  at::Tensor ownUnit = c.byteBuffer(ownApart ? rsUnit : 0);
 
   auto gather = ownChunkSink(c, agSend, agRecv, scratch.data_ptr<float>(), P);
   std::vector<int> reduce;
@@ -51,13 +52,13 @@ void twoStep(Call& c) {
         rsUnit, c.pieceBytes(k, p.rs))));
   }
 
-  // 1. encode and send, unit by unit
+  // 1. encode and send, unit by unit (the own slot is declared ready unwritten: it never travels)
   c.step = "two_step reduce phase (encode)";
   for (int k = 0; k < P; ++k) {
     for (int off = 0; off < W; ++off) {
       const int j = (rank + off) % W;
       const ChunkRange unit = c.piece(j, k);
-      if (unit.len > 0 && !(ownApart && j == rank)) {
+      if (unit.len > 0 && j != rank) {
         c.encodeInput(unit.begin, unit.len, Call::at(rsSend, (int64_t(k) * W + j) * rsUnit),
                       rsNoise(p, rank, unit.begin));
       }
@@ -65,23 +66,18 @@ void twoStep(Call& c) {
     }
   }
 
-  // 2. sum this rank's chunk piece by piece, each copy as it arrives
+  // 2. sum this rank's chunk piece by piece: its own values, then every other copy as it arrives
   for (int k = 0; k < P; ++k) {
     const ChunkRange own = c.piece(rank, k);
     float* sum = c.inPlace() ? c.inputFloats(own.begin) : scratch.data_ptr<float>();
-    if (ownApart && own.len > 0) {  // before the sum: an fp32 sum overwrites this input
-      c.step = "two_step reduce phase (encode)";
-      c.encodeInput(own.begin, own.len, Call::at(ownUnit, 0), rsNoise(p, rank, own.begin));
-    }
-    auto copy = [&](int j) {
-      const uint8_t* got = c.t.wait(reduce[size_t(k)], j);
-      return ownApart && j == rank ? Call::at(ownUnit, 0) : got;
-    };
     c.step = "two_step reduce phase (sum)";
+    c.ownToFloat(own, sum);
+    // copy i of the W - 1 others: rank i below this one, i + 1 above
+    auto copy = [&](int i) { return c.t.wait(reduce[size_t(k)], i < rank ? i : i + 1); };
     if (own.len > 0) {
-      c.ops.decodeSum(copy, W, own.len, p.rs, sum);
+      c.ops.decodeSum(copy, W - 1, own.len, p.rs, sum, /*accumulate=*/true);
     } else {
-      for (int j = 0; j < W; ++j) copy(j);  // nothing to sum; the exchange still completes
+      for (int i = 0; i < W - 1; ++i) copy(i);  // nothing to sum; the exchange still completes
     }
     gather->ownPieceReady(k, sum);
   }

@@ -200,15 +200,17 @@ void decodeBlockStreamed(const uint8_t* src, int64_t n, const CodecSpec& c, floa
 }
 
 void decodeSumBlock(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
-                    float* out) {
+                    float* out, bool accumulate) {
   if (n == 0 || count == 0) return;
   if (c.bits == 0) {
-    for (int j = 0; j < count; ++j) toFloatDispatch(srcs[j], c.rawDtype, n, out, j > 0);
+    for (int j = 0; j < count; ++j) {
+      toFloatDispatch(srcs[j], c.rawDtype, n, out, accumulate || j > 0);
+    }
     return;
   }
   const auto sum = groupLoops().decodeSum;
   forGroupRanges(numGroups(n, c),
-                 [&](int64_t g0, int64_t g1) { sum(srcs, count, n, c, g0, g1, out); });
+                 [&](int64_t g0, int64_t g1) { sum(srcs, count, n, c, g0, g1, out, accumulate); });
 }
 
 // Elements per piece of the fused hop: a multiple of every group size (1024 at most), and 64 KiB

@@ -30,10 +30,11 @@ void decodeBlockStreamed(const uint8_t* src, int64_t n, const CodecSpec& c, floa
 constexpr int64_t kStreamedDecodeBytes = int64_t(8) << 20;
 
 // out = decode(srcs[0]) + decode(srcs[1]) + ... + decode(srcs[count - 1]) (blocks of n elements),
-// summed in fp32 in that order: the bits of a decode and count - 1 decodes with accumulate, in
-// one pass over out.
+// summed in fp32 in that order (out = out + decode(srcs[0]) + ... with accumulate): the bits of
+// a decode and count - 1 decodes with accumulate (count decodes with accumulate), in one pass over
+// out.
 void decodeSumBlock(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
-                    float* out);
+                    float* out, bool accumulate = false);
 
 // One ring hop (CodecOps::decodeAddEncode): partial = decode(src) + float(local), then dst =
 // encode(partial), the same bits as the three calls, done piece by piece so that each piece of

@@ -347,9 +347,10 @@ void decodeGroupsFixed(const uint8_t* block, int64_t n, const CodecSpec& c, int6
 }
 
 // out[groups g0..g1] = x^_0 + x^_1 + ... + x^_{count-1}, the decoded values of the encoded blocks
-// blocks[0..count) of n elements each, summed in fp32 in that order: the bits of a decode and
-// count - 1 decodes with accumulate, in one pass over out instead of count.
-template <int kBits, bool kSym, int G>
+// blocks[0..count) of n elements each, summed in fp32 in that order (out + x^_0 + ... with
+// kAccumulate): the bits of a decode and count - 1 decodes with accumulate (count decodes with
+// accumulate), in one pass over out instead of count.
+template <int kBits, bool kSym, int G, bool kAccumulate>
 void decodeSumGroupsFixed(const uint8_t* const* blocks, int count, int64_t n, const CodecSpec& c,
                           int64_t g0, int64_t g1, float* out) {
   const int64_t groups = numGroups(n, c), data = dataOffset(n, c);
@@ -364,6 +365,10 @@ void decodeSumGroupsFixed(const uint8_t* const* blocks, int count, int64_t n, co
     for (int i = 0; i < G; i += 4 * simd::kLanes) {
       vf acc[4];
       values(0, i, acc);
+      if (kAccumulate) {
+        for (int k = 0; k < 4; ++k)
+          acc[k] = simd::loadf(out + g * G + i + k * simd::kLanes) + acc[k];
+      }
       for (int j = 1; j < count; ++j) {
         vf y[4];
         values(j, i, y);
@@ -373,7 +378,7 @@ void decodeSumGroupsFixed(const uint8_t* const* blocks, int count, int64_t n, co
     }
   }
   for (int64_t g = end > g0 ? end : g0; g < g1; ++g) {
-    decodeGroupT<kBits, kSym, false>(blocks[0], n, c, g, out);
+    decodeGroupT<kBits, kSym, kAccumulate>(blocks[0], n, c, g, out);
     for (int j = 1; j < count; ++j) decodeGroupT<kBits, kSym, true>(blocks[j], n, c, g, out);
   }
 }

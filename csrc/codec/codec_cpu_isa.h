@@ -23,9 +23,9 @@ struct GroupLoops {
   void (*decodeStreamed)(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,
                          float* out);
   // out[groups] = x^ of blocks[0] + x^ of blocks[1] + ... (count blocks of n elements), in fp32
-  // in that order
+  // in that order (out + x^ of blocks[0] + ... with accumulate)
   void (*decodeSum)(const uint8_t* const* blocks, int count, int64_t n, const CodecSpec& c,
-                    int64_t g0, int64_t g1, float* out);
+                    int64_t g0, int64_t g1, float* out, bool accumulate);
   // encode of H x per group (n a multiple of the group size)
   void (*encodeRotated)(const void* x, int32_t dtype, int64_t n, const CodecSpec& c, int64_t g0,
                         int64_t g1, uint8_t* dst, const Noise& noise);

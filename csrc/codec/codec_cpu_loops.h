@@ -104,15 +104,20 @@ void decodeStreamedRange(const uint8_t* src, int64_t n, const CodecSpec& c, int6
 // whole decodes, 64 MiB bf16 8-bit; 0.91x-0.95x decoded a few groups at a time): it decodes each
 // copy over the whole range in turn, as CodecOps::decodeSum does. The same bits either way.
 void decodeSumRange(const uint8_t* const* blocks, int count, int64_t n, const CodecSpec& c,
-                    int64_t g0, int64_t g1, float* out) {
+                    int64_t g0, int64_t g1, float* out, bool accumulate) {
   if (QCOMM_SIMD_LEVEL >= 2) {
     const bool fast = withFixedCodec(c, [&](auto size, auto bits, auto sym) {
       constexpr int G = decltype(size)::value, B = decltype(bits)::value;
-      decodeSumGroupsFixed<B, decltype(sym)::value, G>(blocks, count, n, c, g0, g1, out);
+      constexpr bool S = decltype(sym)::value;
+      if (accumulate) {
+        decodeSumGroupsFixed<B, S, G, true>(blocks, count, n, c, g0, g1, out);
+      } else {
+        decodeSumGroupsFixed<B, S, G, false>(blocks, count, n, c, g0, g1, out);
+      }
     });
     if (fast) return;
   }
-  for (int j = 0; j < count; ++j) decodeRange(blocks[j], n, c, g0, g1, out, j > 0);
+  for (int j = 0; j < count; ++j) decodeRange(blocks[j], n, c, g0, g1, out, accumulate || j > 0);
 }
 
 void decodeRotatedRange(const uint8_t* src, int64_t n, const CodecSpec& c, int64_t g0, int64_t g1,

@@ -27,10 +27,10 @@ void CpuCodecOps::decodeResult(const uint8_t* src, int64_t n, const CodecSpec& s
 }
 
 void CpuCodecOps::decodeSum(const std::function<const uint8_t*(int)>& src, int count, int64_t n,
-                            const CodecSpec& spec, float* out) {
+                            const CodecSpec& spec, float* out, bool accumulate) {
   std::vector<const uint8_t*> blocks(static_cast<size_t>(count));
   for (int k = 0; k < count; ++k) blocks[size_t(k)] = src(k);
-  decodeSumBlock(blocks.data(), count, n, spec, out);
+  decodeSumBlock(blocks.data(), count, n, spec, out, accumulate);
 }
 
 void CpuCodecOps::decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,

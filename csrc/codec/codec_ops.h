@@ -28,12 +28,13 @@ struct CodecOps {
     decode(src, n, spec, out, false);
   }
   // out = decode(src(0)) + decode(src(1)) + ... + decode(src(count - 1)), summed in fp32 in that
-  // order: the values of a decode and count - 1 decodes with accumulate. src(j) may wait for block
-  // j to arrive: the CPU waits for every block, then decodes them in one pass over out; the CUDA
+  // order (out = out + decode(src(0)) + ... with accumulate): the values of a decode and count - 1
+  // decodes with accumulate (count of them with accumulate). src(j) may wait for block j to
+  // arrive: the CPU waits for every block, then decodes them in one pass over out; the CUDA
   // kernels take them all in one launch.
   virtual void decodeSum(const std::function<const uint8_t*(int)>& src, int count, int64_t n,
-                         const CodecSpec& spec, float* out) {
-    for (int k = 0; k < count; ++k) decode(src(k), n, spec, out, k > 0);
+                         const CodecSpec& spec, float* out, bool accumulate) {
+    for (int k = 0; k < count; ++k) decode(src(k), n, spec, out, accumulate || k > 0);
   }
   // One ring hop: partial = decode(src with `in`) + float(local), then dst = encode(partial with
   // `out`). partial (fp32, n) keeps the sum; it may be `local` itself (an fp32 local, summed in
@@ -84,7 +85,7 @@ struct CpuCodecOps final : CodecOps {
   void decodeResult(const uint8_t* src, int64_t n, const CodecSpec& spec, float* out) override;
   // waits for every block, then decodes and sums them in one pass (codec_cpu.h decodeSumBlock)
   void decodeSum(const std::function<const uint8_t*(int)>& src, int count, int64_t n,
-                 const CodecSpec& spec, float* out) override;
+                 const CodecSpec& spec, float* out, bool accumulate) override;
   void decodeAddEncode(const uint8_t* src, const CodecSpec& in, const void* local,
                        int32_t localDtype, int64_t n, float* partial, const CodecSpec& out,
                        uint8_t* dst, const Noise& noise) override;

@@ -733,16 +733,17 @@ cudaError_t multiply(float* x, int64_t n, float factor, cudaStream_t stream) {
 }
 
 cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
-                      float* out, cudaStream_t stream) {
+                      float* out, bool accumulate, cudaStream_t stream) {
   if (n == 0 || count == 0) return cudaSuccess;
   if (c.bits == 0) {  // raw elements: the decoder's casts, one block after the other
     for (int k = 0; k < count; ++k) {
-      const cudaError_t e = decode(srcs[k], n, c, out, k > 0, stream);
+      const cudaError_t e = decode(srcs[k], n, c, out, accumulate || k > 0, stream);
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
   }
-  // kMaxSumSources blocks per launch; the launches after the first add to its sum, in order
+  // kMaxSumSources blocks per launch; the launches after the first add to its sum, in order (the
+  // first adds to out's values with accumulate)
   for (int first = 0; first < count; first += kMaxSumSources) {
     SumSources s{};
     s.count = count - first < kMaxSumSources ? count - first : kMaxSumSources;
@@ -750,7 +751,7 @@ cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const Co
     withCodec(c, [&](auto k) {
       using K = decltype(k);
       launch<decodeSumKernel<K::bits, K::sym>>(elementBlocks(n, 4), otherFullGrid(n), stream, s, n,
-                                               c, out, first > 0);
+                                               c, out, accumulate || first > 0);
     });
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;

@@ -28,15 +28,16 @@ cudaError_t decode(const uint8_t* src, int64_t n, const CodecSpec& c, float* out
                    cudaStream_t stream);
 
 // out = the fp32 sum, in order, of the decoded values of `count` encoded blocks of n elements
-// (srcs[0], srcs[1], ...; one codec): the values of decode(srcs[0]) then decode with accumulate
-// of each next block, bit for bit, without writing and reading back the partial sums.
+// (srcs[0], srcs[1], ...; one codec), added to out with accumulate: the values of decode(srcs[0])
+// (with accumulate: decode with accumulate) then decode with accumulate of each next block, bit
+// for bit, without writing and reading back the partial sums.
 constexpr int kMaxSumSources = 8;  // blocks per launch (more take several launches)
 struct SumSources {
   const uint8_t* block[kMaxSumSources];
   int count;
 };
 cudaError_t decodeSum(const uint8_t* const* srcs, int count, int64_t n, const CodecSpec& c,
-                      float* out, cudaStream_t stream);
+                      float* out, bool accumulate, cudaStream_t stream);
 
 // x[0..n) /= divisor in fp32, each an IEEE division as the CPU's divideBy (AVG).
 cudaError_t divide(float* x, int64_t n, float divisor, cudaStream_t stream);

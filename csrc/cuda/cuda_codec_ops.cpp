@@ -36,10 +36,10 @@ class CudaCodecOps final : public CodecOps {
   // one kernel keeps the sum in registers (8 blocks per launch), where the base class's decodes
   // would write and read it back once per block; it takes every block once all have arrived
   void decodeSum(const std::function<const uint8_t*(int)>& src, int count, int64_t n,
-                 const CodecSpec& spec, float* out) override {
+                 const CodecSpec& spec, float* out, bool accumulate) override {
     std::vector<const uint8_t*> srcs;
     for (int k = 0; k < count; ++k) srcs.push_back(src(k));
-    check(gpu::decodeSum(srcs.data(), count, n, spec, out, stream_), "decode-sum");
+    check(gpu::decodeSum(srcs.data(), count, n, spec, out, accumulate, stream_), "decode-sum");
   }
   void encodeRotated(const void* x, int32_t dtype, int64_t n, const CodecSpec& spec, uint8_t* dst,
                      const Noise& noise) override {

@@ -123,7 +123,7 @@ py::tuple cudaHop(const at::Tensor& src, int inBits, int inGroup, bool inSym,
 // for those it cannot load in vectors), into a new tensor or into `out` (a contiguous fp32 view
 // of numel elements, possibly misaligned).
 at::Tensor cudaDecodeSum(const at::Tensor& buffer, const std::vector<int64_t>& offsets, int64_t n,
-                         int bits, int groupSize, bool symmetric, py::object out) {
+                         int bits, int groupSize, bool symmetric, py::object out, bool accumulate) {
   TORCH_CHECK_VALUE(buffer.is_cuda() && buffer.scalar_type() == at::kByte && buffer.is_contiguous(),
                     "[qcomm] cuda_codec_decode_sum takes a contiguous uint8 CUDA tensor");
   c10::cuda::CUDAGuard guard(buffer.device());
@@ -138,7 +138,7 @@ at::Tensor cudaDecodeSum(const at::Tensor& buffer, const std::vector<int64_t>& o
     srcs.push_back(blockAt(buffer, off, "cuda_codec_decode_sum"));
   }
   at::Tensor o = floatOut(out, n, buffer, "cuda_codec_decode_sum");
-  check(gpu::decodeSum(srcs.data(), int(srcs.size()), n, s, o.data_ptr<float>(),
+  check(gpu::decodeSum(srcs.data(), int(srcs.size()), n, s, o.data_ptr<float>(), accumulate,
                        at::cuda::getCurrentCUDAStream()),
         "decode-sum");
   return o;
@@ -165,7 +165,7 @@ void registerCudaTesting(py::module& m) {
         py::arg("accumulate") = false);
   m.def("cuda_codec_decode_sum", &cudaDecodeSum, py::arg("buffer"), py::arg("offsets"),
         py::arg("numel"), py::arg("bits"), py::arg("group_size"), py::arg("symmetric"),
-        py::arg("out") = py::none());
+        py::arg("out") = py::none(), py::arg("accumulate") = false);
   m.def("cuda_codec_divide", &cudaDivide, py::arg("x"), py::arg("world"));
   m.def("cuda_codec_hop", &cudaHop, py::arg("src"), py::arg("in_bits"), py::arg("in_group"),
         py::arg("in_symmetric"), py::arg("local"), py::arg("out_bits"), py::arg("out_group"),

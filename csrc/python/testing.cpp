@@ -131,12 +131,15 @@ at::Tensor codecDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSi
   return out;
 }
 
-// The sum, in fp32 in list order, of the decoded values of blocks (CPU; CpuCodecOps::decodeSum).
+// The sum, in fp32 in list order, of the decoded values of blocks (CPU; CpuCodecOps::decodeSum),
+// added to out= with accumulate.
 at::Tensor codecDecodeSum(const std::vector<at::Tensor>& blocks, int64_t n, int bits, int groupSize,
-                          bool symmetric, at::ScalarType raw,
-                          const c10::optional<at::Tensor>& into) {
+                          bool symmetric, at::ScalarType raw, const c10::optional<at::Tensor>& into,
+                          bool accumulate) {
   const CodecSpec spec = makeSpec(bits, groupSize, symmetric, raw);
   TORCH_CHECK_VALUE(!blocks.empty(), "[qcomm] codec_decode_sum: no block to sum");
+  TORCH_CHECK_VALUE(!accumulate || into,
+                    "[qcomm] codec_decode_sum: accumulate=True adds into out=");
   std::vector<at::Tensor> held;
   for (const at::Tensor& b : blocks) {
     TORCH_CHECK_VALUE(
@@ -148,7 +151,7 @@ at::Tensor codecDecodeSum(const std::vector<at::Tensor>& blocks, int64_t n, int 
   at::Tensor out = outputOf(into, n, at::kFloat);
   CpuCodecOps ops;
   ops.decodeSum([&](int j) { return held[size_t(j)].data_ptr<uint8_t>(); }, int(held.size()), n,
-                spec, out.data_ptr<float>());
+                spec, out.data_ptr<float>(), accumulate);
   return out;
 }
 
@@ -507,7 +510,7 @@ void registerTesting(py::module& m, py::object backendBase) {
   });
   m.def("codec_decode_sum", &codecDecodeSum, py::arg("blocks"), py::arg("numel"), py::arg("bits"),
         py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat,
-        py::arg("out") = py::none());
+        py::arg("out") = py::none(), py::arg("accumulate") = false);
   m.def("codec_ops_hop", &codecOpsHop, py::arg("src"), py::arg("in_bits"), py::arg("local"),
         py::arg("out_bits"), py::arg("group_size"), py::arg("symmetric"),
         py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0,

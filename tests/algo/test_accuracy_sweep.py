@@ -23,13 +23,16 @@ Orderings asserted (relative L2 error, pooled):
 
 * more bits never worse: 8/8 <= 4/8 <= 4/4; 8/None <= 8/8; None/8 <= 8/8 (every distribution);
 * semi_ring <= ring for world >= 4; at world 2 the two are the same computation (asserted equal);
-* two_step <= ring for world >= 4; at world 2 the reverse, ring <= two_step (ring quantizes each
-  element once in the reduce phase, two_step twice), which holds on every distribution;
+* two_step <= ring for world >= 4; at world 2 the same computation too (the owner's own values
+  exact plus the peer's decoded copy; asserted equal);
 * with rs None (no quantized reduce phase) the schedules differ only in fp32 summation order, so
   their errors are asserted equal within 0.1% instead of ordered.
 
 Where they do not hold (measured with this file's inputs and seeds, ratio = ring error / other
-error, < 1 means the ordering fails; see test_ordering_known_exceptions):
+error, < 1 means the ordering fails; see test_ordering_known_exceptions). The two_step figures
+below were measured while two_step still quantized the owner's own copy (W quantizations in the
+reduce phase; since 2026-12-06 W - 1, the owner's own values exact): the orderings and exceptions
+asserted here held again after that change (`-m full_sweep`), the ratios were not re-measured.
 
 * two_step <= ring and semi_ring <= ring fail systematically, not by chance, on sparse inputs
   (95% zeros; two_step: pooled ratio down to 0.86 at world 4, 14 of 24 configurations fail at
@@ -319,14 +322,12 @@ def orderings(dist, world, res):
     for bits in BITS:
         for algo, name in (("semi_ring", "semi_ring<=ring"), ("two_step", "two_step<=ring")):
             a, b = (algo, bits), ("ring", bits)
-            if world == 2 and algo == "semi_ring":
-                # semi_ring at world 2 is ring: one hop right, none left; the same bits
+            if world == 2:
+                # at world 2 both are ring: semi_ring one hop right, none left; two_step the
+                # owner's own values plus the peer's decoded copy, as the ring's one hop adds
+                # them (fp32 addition commutes); the same bits
                 same = res[a].pooled_rel == res[b].pooled_rel
-                checks.append(("semi_ring==ring (world 2)", same, f"{bits}: they differ"))
-            elif world == 2:
-                # the reverse holds at world 2: ring quantizes each reduce-phase element once
-                # (the non-owner's chunk), two_step twice (each rank's chunk)
-                checks.append(("ring<=two_step (world 2)", *_le(res, b, a)))
+                checks.append((f"{algo}==ring (world 2)", same, f"{bits}: they differ"))
             elif bits[0] is None:
                 # no quantized reduce phase: every schedule sums fp32 partials and only the
                 # summation order differs, so the errors are equal up to fp32 rounding flips

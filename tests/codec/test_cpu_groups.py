@@ -212,9 +212,28 @@ def test_decode_sum_of_blocks_matches_sequential_decodes(isa):
             for b in blocks[1:count]:
                 want = want + _C._testing.codec_decode(b, n, bits, g, sym)
             assert same_floats(got, want), f"{isa} {bits}b sym={sym} g={g} count={count}"
-    raw = [torch.randn(1000, generator=torch.Generator().manual_seed(k)) for k in range(3)]
-    got = _C._testing.codec_decode_sum([r.view(torch.uint8) for r in raw], 1000, 0, 128, False)
+            # accumulate: onto values already there (two_step's owner's own values), in order
+            own = torch.randn(n, generator=torch.Generator().manual_seed(count)) * 3
+            got = _C._testing.codec_decode_sum(
+                blocks[:count], n, bits, g, sym, out=own.clone(), accumulate=True
+            )
+            want = own
+            for b in blocks[:count]:
+                want = want + _C._testing.codec_decode(b, n, bits, g, sym)
+            assert same_floats(got, want), f"{isa} {bits}b sym={sym} g={g} count={count} acc"
+    raw = [torch.randn(1000, generator=torch.Generator().manual_seed(k)) for k in range(4)]
+    got = _C._testing.codec_decode_sum([r.view(torch.uint8) for r in raw[:3]], 1000, 0, 128, False)
     assert same_floats(got, raw[0] + raw[1] + raw[2]), f"{isa} raw blocks"
+    got = _C._testing.codec_decode_sum(
+        [r.view(torch.uint8) for r in raw[:2]],
+        1000,
+        0,
+        128,
+        False,
+        out=raw[3].clone(),
+        accumulate=True,
+    )
+    assert same_floats(got, raw[3] + raw[0] + raw[1]), f"{isa} raw blocks, accumulate"
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)

@@ -103,7 +103,7 @@ def test_ipc_protocol_emulated_matches_the_reference(world):
     def fused(xs, rs, ag, avg, sym, sr, i):
         return _emulate(xs, bufs, rs, ag, avg, sym, sr, seq=i, blocks=1 + i % 2)
 
-    problems = ipc.emulated_matrix(world, fused)
+    problems = ipc.emulated_matrix(world, fused, fused=True)
     assert not problems, "\n".join(problems[:20])
 
 
@@ -119,7 +119,7 @@ def test_ipc_protocol_emulated_with_other_tile_sizes(tile):
     ):
         xs = ipc.inputs(world, numel, dtype, 50 + i)
         outs = _emulate(xs, bufs, rs, ag, average=i % 2 == 1, blocks=2, tile=tile)
-        want = ref.allreduce(xs, "two_step", rs, ag, average=i % 2 == 1).out
+        want = ref.allreduce(xs, "two_step_quantized_own", rs, ag, average=i % 2 == 1).out
         problems += [
             f"rs={rs} ag={ag} {dtype} n={numel} rank {r}"
             for r, o in enumerate(outs)
@@ -141,7 +141,7 @@ def test_ipc_protocol_emulated_pieces_epochs_noise_and_symmetric():
         sym, sr = call % 3 == 1, call % 4 == 2
         outs = _emulate(xs, bufs, 8, 8, symmetric=sym, stochastic=sr, seq=call, blocks=3)
         want = ref.allreduce(
-            xs, "two_step", 8, 8, symmetric=sym, stochastic_seq=call if sr else None
+            xs, "two_step_quantized_own", 8, 8, symmetric=sym, stochastic_seq=call if sr else None
         ).out
         assert all(ipc.same_bits(o, want) for o in outs), f"call {call} (sym={sym}, sr={sr})"
     epoch = bufs[0][:4].view(torch.int32).item()

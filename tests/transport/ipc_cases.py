@@ -40,6 +40,17 @@ def two_step(rs, ag, symmetric=False, stochastic=False):
     )
 
 
+def ref_allreduce(xs, algorithm="two_step", *args, fused=None, **kwargs):
+    """qcomm.reference.allreduce, for the kernels that run the call: the fused two_step experiment
+    (fused=True, or QCOMM_IPC_KERNELS=fused in this process's environment) quantizes the owner's
+    own values too ("two_step_quantized_own"); the separate kernels run the schedules' two_step."""
+    if fused is None:
+        fused = os.environ.get("QCOMM_IPC_KERNELS") == "fused"
+    if fused and algorithm == "two_step":
+        algorithm = "two_step_quantized_own"
+    return ref.allreduce(xs, algorithm, *args, **kwargs)
+
+
 def inputs(world, numel, dtype, seed):
     xs = []
     for r in range(world):
@@ -53,17 +64,24 @@ def same_bits(a, b):
     return torch.equal(na, nb) and torch.equal(a[~na], b[~nb])
 
 
-def emulated_matrix(world, emulate):
+def emulated_matrix(world, emulate, fused=False):
     """Every bit pair, dtype and size of EMULATED_CASES (AVG, symmetric scales and stochastic
     rounding in some) through emulate(xs, rs, ag, avg, sym, sr, i), bit for bit against the
-    reference on every rank; the problems found."""
+    reference on every rank (fused: the fused experiment's, ref_allreduce); the problems found."""
     problems = []
     for i, ((rs, ag), dtype, numel) in enumerate(EMULATED_CASES):
         xs = inputs(world, numel, dtype, i)
         avg, sym, sr = i % 3 == 0, i % 5 == 1, i % 7 == 2
         outs = emulate(xs, rs, ag, avg, sym, sr, i)
-        want = ref.allreduce(
-            xs, "two_step", rs, ag, average=avg, symmetric=sym, stochastic_seq=i if sr else None
+        want = ref_allreduce(
+            xs,
+            "two_step",
+            rs,
+            ag,
+            fused=fused,
+            average=avg,
+            symmetric=sym,
+            stochastic_seq=i if sr else None,
         ).out
         for r, o in enumerate(outs):
             if not same_bits(o, want):
@@ -113,7 +131,7 @@ def case(
         f"{algorithm} rs={rs} ag={ag} {dtype} n={numel} avg={average} sym={symmetric} "
         f"sr={stochastic} async={async_op} rotate={rotate}"
     )
-    r = ref.allreduce(
+    r = ref_allreduce(
         xs,
         algorithm,
         rs,
@@ -289,7 +307,7 @@ def semantics_worker(rank, world):
     problems = []
     qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
     xs = inputs(world, 64 * 64, torch.float32, 7)
-    want = ref.allreduce([x.view(64, 64).t().contiguous().flatten() for x in xs]).out
+    want = ref_allreduce([x.view(64, 64).t().contiguous().flatten() for x in xs]).out
     # in place on a non-contiguous view, async: Work, future and stream order
     m = xs[rank].cuda().view(64, 64)
     view = m.t()
@@ -425,7 +443,7 @@ def mixed_devices_worker(rank, world):
     qcomm._C._testing.reload_settings()
     for i in range(5):
         xs = inputs(world, 1 << 18, torch.float32, 60 + i)
-        want = ref.allreduce(xs, "two_step", 8, 8).out
+        want = ref_allreduce(xs, "two_step", 8, 8).out
         cpu = xs[rank].clone()
         work = dist.all_reduce(cpu, group=g, async_op=True)
         gpu = xs[rank].cuda()
@@ -487,7 +505,7 @@ def graph_worker(rank, world, replays):
         static.copy_(xs[rank].cuda())
         graph.replay()
         got = static.cpu()
-        want = ref.allreduce(xs).out
+        want = ref_allreduce(xs).out
         if not torch.equal(got, want):
             problems.append(
                 f"replay {i}: differs from the reference at {int((got != want).sum())} elements"

@@ -143,12 +143,14 @@ void checkEncodeDecode(int32_t dtype, const CodecSpec& c, int64_t n, int offset,
 }
 
 // The sum of `count` encoded blocks (gpu::decodeSum, 8 per launch) against the CPU's decode and
-// decodes with accumulate, in order. misaligned: the output one float off (the scalar path), and
-// the last block's data 4 bytes off (the scalar path for every block).
-void checkDecodeSum(const CodecSpec& c, int count, int64_t n, bool misaligned, std::mt19937& gen) {
+// decodes with accumulate, in order (accumulate: all of them with accumulate, onto values already
+// in the output). misaligned: the output one float off (the scalar path), and the last block's
+// data 4 bytes off (the scalar path for every block).
+void checkDecodeSum(const CodecSpec& c, int count, int64_t n, bool misaligned, std::mt19937& gen,
+                    bool accumulate = false) {
   ++cases;
   char extra[64];
-  std::snprintf(extra, sizeof extra, " count=%d", count);
+  std::snprintf(extra, sizeof extra, " count=%d accumulate=%d", count, int(accumulate));
   const std::string name =
       describe("decode-sum", kFloat32, c, n, misaligned ? 1 : 0, false) + extra;
   const size_t bytes = size_t(encodedBytes(n, c));
@@ -161,9 +163,15 @@ void checkDecodeSum(const CodecSpec& c, int count, int64_t n, bool misaligned, s
     srcs.push_back(at);
   }
   std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n) + 1, 7.0f);
-  for (int k = 0; k < count; ++k) decodeBlock(srcs[size_t(k)], n, c, want.data(), k > 0);
   float* out = got.data() + (misaligned ? 1 : 0);
-  if (gpu::decodeSum(srcs.data(), count, n, c, out, nullptr) != cudaSuccess) {
+  if (accumulate) {
+    want = values(n, gen, 0);
+    std::copy(want.begin(), want.end(), out);
+  }
+  for (int k = 0; k < count; ++k) {
+    decodeBlock(srcs[size_t(k)], n, c, want.data(), accumulate || k > 0);
+  }
+  if (gpu::decodeSum(srcs.data(), count, n, c, out, accumulate, nullptr) != cudaSuccess) {
     std::fprintf(stderr, "FAIL %s: launch error\n", name.c_str());
     ++failures;
     return;
@@ -635,7 +643,7 @@ int main(int argc, char** argv) {
             [&] { (void)gpu::decode(enc.data(), n, q, out.data(), false, nullptr); });
     const uint8_t* srcs[] = {enc.data(), enc.data()};
     refused("QCOMM_CUDA_FULL_GRID", "-1", "decode-sum",
-            [&] { (void)gpu::decodeSum(srcs, 2, n, q, out.data(), nullptr); });
+            [&] { (void)gpu::decodeSum(srcs, 2, n, q, out.data(), false, nullptr); });
     refused("QCOMM_CUDA_FULL_GRID", "full", "divide",
             [&] { (void)gpu::divide(out.data(), n, 2.0f, nullptr); });
   }
@@ -665,21 +673,27 @@ int main(int argc, char** argv) {
 
   // the sum of W encoded copies (two_step's owners): 1 to 8 blocks in one launch, 11 in two (the
   // second adding to the first's sum), every bit width and symmetry, several group sizes and
-  // sizes, special values in every third block, misaligned output and data, raw blocks
+  // sizes, special values in every third block, misaligned output and data, raw blocks; and added
+  // to the owner's own values already in the output (accumulate)
   before = cases;
   const int failuresBeforeSum = failures;
   for (int bits : {4, 8}) {
     for (int sym : {1, 0}) {
       for (int count : {1, 2, 3, 8, 11}) {
         checkDecodeSum(CodecSpec{bits, 128, sym, kFloat32}, count, 4096 + 100, false, gen);
+        checkDecodeSum(CodecSpec{bits, 128, sym, kFloat32}, count, 4096 + 100, false, gen, true);
         if (quick) continue;
+        checkDecodeSum(CodecSpec{bits, 64, sym, kFloat32}, count, 3000 + 3, true, gen, true);
         checkDecodeSum(CodecSpec{bits, 32, sym, kFloat32}, count, 41 * 1024 + 77, false, gen);
         checkDecodeSum(CodecSpec{bits, 1024, sym, kFloat32}, count, 7, false, gen);
         checkDecodeSum(CodecSpec{bits, 64, sym, kFloat32}, count, 3000 + 3, true, gen);
       }
     }
   }
-  for (int32_t raw : dtypes) checkDecodeSum(CodecSpec{0, 128, 1, raw}, 3, 1500, false, gen);
+  for (int32_t raw : dtypes) {
+    checkDecodeSum(CodecSpec{0, 128, 1, raw}, 3, 1500, false, gen);
+    checkDecodeSum(CodecSpec{0, 128, 1, raw}, 3, 1500, false, gen, true);
+  }
   std::printf("decode-sum: %lld cases, %d differences\n", (long long)(cases - before),
               failures - failuresBeforeSum);
 
