@@ -110,7 +110,7 @@ simt() {
   obj "$out/ipc_two_step.o" csrc/experiments/ipc_fused/ipc_two_step.cu "${kernel[@]}"
   local objs=("$out/ipc_two_step.o" "$out/simt.o") f
   for f in experiments/ipc_fused/fused_host experiments/ipc_fused/fused_layout cuda/ipc_layout \
-    plan/plan plan/config codec/codec_cpu codec/codec_cpu_generic codec/codec_cpu_avx2 \
+    plan/plan plan/config plan/tuning codec/codec_cpu codec/codec_cpu_generic codec/codec_cpu_avx2 \
     codec/codec_cpu_avx512 common/settings; do
     obj "$out/${f##*/}.o" "csrc/$f.cpp"
     objs+=("$out/${f##*/}.o")
@@ -128,6 +128,7 @@ tsan() {
     tests/experiments/native/fused_race.cpp csrc/experiments/ipc_fused/fused_host.cpp \
     csrc/experiments/ipc_fused/fused_layout.cpp csrc/cuda/ipc_layout.cpp \
     csrc/codec/codec_cpu*.cpp csrc/common/settings.cpp csrc/plan/plan.cpp csrc/plan/config.cpp \
+    csrc/plan/tuning.cpp \
     "${LIBS[@]}" -o "$out/fused_race"
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" "$out/fused_race"
 }

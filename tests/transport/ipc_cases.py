@@ -67,7 +67,8 @@ def same_bits(a, b):
 def emulated_matrix(world, emulate, fused=False):
     """Every bit pair, dtype and size of EMULATED_CASES (AVG, symmetric scales and stochastic
     rounding in some) through emulate(xs, rs, ag, avg, sym, sr, i), bit for bit against the
-    reference on every rank (fused: the fused experiment's, ref_allreduce); the problems found."""
+    reference on every rank (fused: the fused experiment's, ref_allreduce, which is never rotated);
+    the problems found."""
     problems = []
     for i, ((rs, ag), dtype, numel) in enumerate(EMULATED_CASES):
         xs = inputs(world, numel, dtype, i)
@@ -79,6 +80,7 @@ def emulated_matrix(world, emulate, fused=False):
             rs,
             ag,
             fused=fused,
+            rotate=False if fused else None,
             average=avg,
             symmetric=sym,
             stochastic_seq=i if sr else None,
