@@ -34,6 +34,20 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.sha1(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
+def _ranks_agree(x: torch.Tensor, world: int) -> bool:
+    """Whether every rank holds x's bits (a collective: every rank calls it)."""
+    digests = [None] * world
+    dist.all_gather_object(digests, _digest(x))
+    return len(set(digests)) == 1
+
+
+def _assert_no_problems(worker, world: int, **kwargs) -> None:
+    """Run worker(rank, world) on `world` ranks; fail with every problem any rank returned."""
+    problems = run_ranks(worker, world, **kwargs)
+    flat = sorted(set(p for ps in problems for p in ps))
+    assert not flat, "\n".join(flat)
+
+
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     na, nb = torch.isnan(a), torch.isnan(b)
     return torch.equal(na, nb) and torch.equal(a[~na], b[~nb])
@@ -59,9 +73,7 @@ def _check_case(rank, world, algo, rs, ag, dtype, numel, seed, average=False, ki
     err = (x.double() - r.exact).abs()
     if not bool((err <= r.bound).all()):
         problems.append(f"{name}: outside the bound (max err/bound {(err / r.bound).max().item()})")
-    digests = [None] * world
-    dist.all_gather_object(digests, _digest(x))
-    if len(set(digests)) != 1:
+    if not _ranks_agree(x, world):
         problems.append(f"{name}: ranks disagree")
     return problems
 
@@ -124,9 +136,7 @@ def _extras_worker(rank, world):
 
 
 def test_avg_mixed_microshards_inplace_async():
-    problems = run_ranks(_extras_worker, 5, timeout=300)
-    flat = sorted(set(p for ps in problems for p in ps))
-    assert not flat, "\n".join(flat)
+    _assert_no_problems(_extras_worker, 5, timeout=300)
 
 
 def _nonfinite_worker(rank, world):
@@ -142,9 +152,7 @@ def _nonfinite_worker(rank, world):
             problems.append(f"{algo} {rs}/{ag}: a NaN/Inf input came out finite")
         if not bool(torch.isfinite(x[300:600]).all()):
             problems.append(f"{algo} {rs}/{ag}: non-finite leaked beyond the groups that held it")
-        digests = [None] * world
-        dist.all_gather_object(digests, _digest(x))
-        if len(set(digests)) != 1:
+        if not _ranks_agree(x, world):
             problems.append(f"{algo} {rs}/{ag}: ranks disagree")
     return problems
 
@@ -161,20 +169,14 @@ def _large_result_worker(rank, world):
     r = ref.allreduce(xs, "two_step", 8, 8)
     if not _same_bits(x, r.out):
         problems.append("a large result differs from the reference")
-    digests = [None] * world
-    dist.all_gather_object(digests, _digest(x))
-    if len(set(digests)) != 1:
+    if not _ranks_agree(x, world):
         problems.append("a large result: ranks disagree")
     return problems
 
 
 def test_large_result_matches_reference():
-    problems = run_ranks(_large_result_worker, 2, timeout=300)
-    flat = sorted(set(p for ps in problems for p in ps))
-    assert not flat, "\n".join(flat)
+    _assert_no_problems(_large_result_worker, 2, timeout=300)
 
 
 def test_nonfinite_stays_nonfinite():
-    problems = run_ranks(_nonfinite_worker, 3)
-    flat = sorted(set(p for ps in problems for p in ps))
-    assert not flat, "\n".join(flat)
+    _assert_no_problems(_nonfinite_worker, 3)
