@@ -128,20 +128,30 @@ def _agree_on_config(store, rank: int, size: int, cfg: QuantConfig) -> None:
     through where its peers' are quantized (another min_bytes, algorithm or bits) would otherwise
     cost a timeout at the first such call. Each rank publishes its config through the group's
     store; a difference raises ValueError on every rank, naming the fields and each rank's value.
-    (A later set_config is checked by each quantized call's header, not here.)"""
-    mine = dataclasses.asdict(cfg)
+    (A later set_config agrees likewise: set_config.)"""
     key = "qcomm_agree/config/"
-    store.set(key + str(rank), json.dumps(mine, sort_keys=True))
-    every = [json.loads(store.get(key + str(r)).decode()) for r in range(size)]
-    differ = [f for f in mine if len({json.dumps(c[f]) for c in every}) > 1]
-    if differ:
-        held = "; ".join(
-            f"{f}: " + ", ".join(f"rank {r}: {c[f]!r}" for r, c in enumerate(every)) for f in differ
-        )
+    store.set(key + str(rank), _config_text(cfg))
+    held = _config_difference([store.get(key + str(r)).decode() for r in range(size)])
+    if held:
         raise ValueError(
             f"[qcomm rank {rank}/{size}] the ranks create this group with different QuantConfigs "
             f"({held}); pass the same pg_options and QCOMM_* environment on every rank"
         )
+
+
+def _config_text(cfg: QuantConfig) -> str:
+    """A config as the ranks compare it: JSON of its fields."""
+    return json.dumps(dataclasses.asdict(cfg), sort_keys=True)
+
+
+def _config_difference(texts: list) -> str:
+    """The fields in which every rank's config (`texts`, _config_text by rank) differs, with each
+    rank's value: "min_bytes: rank 0: 1048576, rank 1: 65536"; "" when they agree."""
+    every = [json.loads(t) for t in texts]
+    differ = [f for f in every[0] if len({json.dumps(c[f]) for c in every}) > 1]
+    return "; ".join(
+        f"{f}: " + ", ".join(f"rank {r}: {c[f]!r}" for r, c in enumerate(every)) for f in differ
+    )
 
 
 def _agree_on_checks(store, rank: int, size: int) -> bool:
@@ -247,9 +257,14 @@ def backend_of(group=None) -> "_C.QncclBackend":
 
 def set_config(config, group=None) -> None:
     """Replace a live group's configuration: a QuantConfig, or a dict of its fields (as
-    pg_options takes). Call it on every rank of the group, between collectives: the plan of each
-    allreduce is a function of this config, and ranks with different configs would take different
-    paths."""
+    pg_options takes). Collective: call it on every rank of the group, with the same config.
+
+    It takes effect behind the calls issued on the group before it (it waits for them to run,
+    each with the config it was issued under), and every call issued after it returns runs with
+    the new config on every rank. The ranks compare their configs first: where they differ, it
+    raises ValueError on every rank, naming each field and each rank's value, and every rank
+    keeps its old config; a rank whose peers do not call it within the group's timeout raises
+    RuntimeError naming them (that rank keeps its old config too)."""
     if isinstance(config, dict):
         config = QuantConfig(**config)
     if not isinstance(config, QuantConfig):
@@ -257,7 +272,16 @@ def set_config(config, group=None) -> None:
             f"qcomm.set_config takes a QuantConfig or a dict of its fields, got "
             f"{type(config).__name__}"
         )
-    backend_of(group).set_config(config.as_tuple())
+    be = backend_of(group)
+    held = _config_difference(be.exchange_config(_config_text(config)))
+    if held:
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        raise ValueError(
+            f"[qcomm rank {pg.rank()}/{pg.size()}] set_config: the ranks set different "
+            f"QuantConfigs ({held}); every rank keeps its old config. Call it on every rank of "
+            "the group with the same config"
+        )
+    be.set_config(config.as_tuple())
 
 
 def get_config(group=None) -> QuantConfig:

@@ -154,7 +154,9 @@ def cache_key(cfg, world: int, hosts: list, threads: int, version: str, path=Non
         "ag_bits": cfg.ag_bits,
         "group_size": cfg.group_size,
         "symmetric": cfg.symmetric,
-        "rotate": cfg.rotates,
+        # each collective's rotation as its plan decides it: with rotate unset a reduce-scatter
+        # and an all-gather rotate by their own phase's bits, not by the allreduce's rule
+        "rotate": [cfg.rotates_for(c) for c in ("all_reduce", "reduce_scatter", "all_gather")],
         "stochastic_rounding": cfg.stochastic_rounding,
         "min_bytes": cfg.min_bytes,
     }

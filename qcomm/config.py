@@ -42,7 +42,8 @@ class QuantConfig:
         costs two fast transforms per element and no pass or copy of its own (a zero-padded copy
         where the tensor does not end on a whole group). CPU and CUDA tensors. Left unset (None,
         the default): on when a phase has 4 bits, off otherwise (``rotates``): on a real model's
-        activations 4-bit phases without it lose far more (benchmarks/RESULTS.md section 4).
+        activations 4-bit phases without it lose far more
+        (benchmarks/results/04-smollm2-tensor-parallel.md).
     stochastic_rounding: round each code down after adding uniform noise, so the quantization
         error has mean zero over calls (for gradient traffic); still identical on every rank.
     tune: with algorithm ``auto``, the first allreduce of host tensors of each dtype and size
@@ -103,6 +104,17 @@ class QuantConfig:
         if self.rotate is None:
             return self.rs_bits == 4 or self.ag_bits == 4
         return self.rotate
+
+    def rotates_for(self, collective: str) -> bool:
+        """Whether calls of `collective` ("all_reduce", "reduce_scatter", "all_gather") rotate,
+        as their plan decides it (csrc/plan/plan.cpp rotatesCall): ``rotate`` where it is set, and
+        for an allreduce; else a reduce-scatter rotates when the reduce phase has 4 bits and an
+        all-gather when the gather phase has."""
+        if self.rotate is not None or collective == "all_reduce":
+            return self.rotates
+        if collective not in ("reduce_scatter", "all_gather"):
+            raise ValueError(f"unknown collective {collective!r}")
+        return (self.rs_bits if collective == "reduce_scatter" else self.ag_bits) == 4
 
     def replace(self, **changes) -> "QuantConfig":
         """A copy with `changes` (field=value), validated."""

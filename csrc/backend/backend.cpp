@@ -74,8 +74,14 @@ void QncclBackend::setConfig(const QuantConfig& config) {
   std::lock_guard<std::mutex> lock(configMutex_);
   const QuantConfig& a = config_;
   const QuantConfig& b = config;
+  // the rotation of each collective as its plan decides it (plan.h rotatesCall): with rotate
+  // unset a reduce-scatter and an all-gather rotate by their own phase's bits
+  bool rotation = false;
+  for (int32_t c : {kAllreduce, kReduceScatter, kAllGather}) {
+    rotation = rotation || rotatesCall(a, c) != rotatesCall(b, c);
+  }
   if (a.rsBits != b.rsBits || a.agBits != b.agBits || a.groupSize != b.groupSize ||
-      a.symmetric != b.symmetric || a.minBytes != b.minBytes || rotates(a) != rotates(b) ||
+      a.symmetric != b.symmetric || a.minBytes != b.minBytes || rotation ||
       a.stochasticRounding != b.stochasticRounding) {
     // the table was measured with other bits, groups or min_bytes: it no longer says what is
     // fastest, and the cache file is keyed by the config the group was created with
@@ -84,6 +90,51 @@ void QncclBackend::setConfig(const QuantConfig& config) {
     tuneFile_.clear();
   }
   config_ = config;
+}
+
+std::vector<std::string> QncclBackend::exchangeConfig(const std::string& mine) {
+  TORCH_CHECK(!shutDown_, prefix(), "set_config: the process group has been shut down");
+  const int size = getSize();
+  if (size == 1 || !store_) return std::vector<std::string>(size_t(size), mine);
+  auto texts = std::make_shared<std::vector<std::string>>(size_t(size));
+  auto work = c10::make_intrusive<QueuedWork>(getRank(), c10d::OpType::UNKNOWN, "qnccl:set_config",
+                                              std::vector<at::Tensor>{}, std::vector<at::Tensor>{});
+  work->setQueue(queue_.identity());
+  auto self = c10::intrusive_ptr<QncclBackend>::reclaim_copy(this);
+  auto run = [self, mine, texts, work, size] {
+    const int rank = self->getRank();
+    const int64_t n = self->configExchanges_++;  // on the queue: every rank counts alike
+    auto key = [](int64_t k, int r) {
+      return "set_config/" + std::to_string(k) + "/" + std::to_string(r);
+    };
+    self->store_->set(key(n, rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(key(n, r));
+    try {
+      self->store_->wait(keys, self->timeout_);
+    } catch (const std::exception&) {
+      std::string missing;
+      for (int r = 0; r < size; ++r) {
+        if (!self->store_->check({keys[size_t(r)]})) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+      TORCH_CHECK(false, self->prefix(), "set_config: rank(s) ", missing,
+                  " did not call qcomm.set_config for this group within its timeout (",
+                  self->timeout_.count(),
+                  " ms). It is collective: call it on every rank of the group, with the same "
+                  "config, at the same point of their calls. This rank keeps its old config.");
+    }
+    for (int r = 0; r < size; ++r) {
+      const std::vector<uint8_t> v = self->store_->get(keys[size_t(r)]);
+      (*texts)[size_t(r)] = std::string(v.begin(), v.end());
+    }
+    // every rank has published its n-th: each read its (n-1)-th before, so this rank's can go
+    if (n > 0) self->store_->deleteKey(key(n - 1, rank));
+    work->complete();
+  };
+  queueCall(std::move(run), work, false);
+  return *texts;
 }
 
 QuantConfig QncclBackend::getConfig() const {
@@ -167,7 +218,8 @@ void QncclBackend::refuseOverlap(const std::vector<std::vector<at::Tensor>>& ts,
 void QncclBackend::checkUsable(const char* op) const {
   std::lock_guard<std::mutex> lock(brokenMutex_);
   TORCH_CHECK(broken_.empty(), prefix(), op,
-              ": this group cannot be used after an earlier quantized allreduce on it failed (",
+              ": this group cannot be used after an earlier quantized collective on it failed on "
+              "the wire (",
               broken_, "); destroy it and create a new one");
 }
 
@@ -241,7 +293,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::queueCall(std::function<void()> run
 }
 
 c10d::Backend* QncclBackend::pickAll(const std::vector<at::Tensor>& ts, const char* op) const {
-  TORCH_CHECK_VALUE(!ts.empty(), prefix(), op, ": no tensors given");
+  TORCH_CHECK(!ts.empty(), prefix(), op, ": no tensors given");
   checkUsable(op);
   refuseOverlap(ts, op);
   const_cast<Stats&>(stats_).passthroughCalls++;
@@ -262,16 +314,18 @@ CallFacts QncclBackend::factsOf(const at::Tensor& t, c10d::ReduceOp op) const {
   return f;
 }
 
-Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op, bool useTable) const {
+Plan QncclBackend::planFor(const at::Tensor& t, c10d::ReduceOp op, bool useTable,
+                           const QuantConfig* config) const {
   const CallFacts f = factsOf(t, op);
+  const QuantConfig cfg = config != nullptr ? *config : getConfig();
   Plan p;
   if (t.is_cuda() || !useTable) {
     // the tuner is for host memory: a CUDA allreduce with auto runs two_step
-    p = makePlan(f, getConfig());
+    p = makePlan(f, cfg);
     if (t.is_cuda()) p.tuneNeeded = false;
   } else {
     std::lock_guard<std::mutex> lock(tuningMutex_);
-    p = makePlan(f, getConfig(), &tuning_);
+    p = makePlan(f, cfg, &tuning_);
   }
   if (disabled_) {
     p.quantize = false;
@@ -391,7 +445,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::passThroughAllreduce(
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
-  TORCH_CHECK_VALUE(!tensors.empty(), prefix(), "allreduce: no tensors given");
+  TORCH_CHECK(!tensors.empty(), prefix(), "allreduce: no tensors given");
   if (tensors.size() != 1) return passThroughAllreduce(tensors, opts);
   at::Tensor& t = tensors[0];
   TORCH_CHECK(!shutDown_, prefix(), "allreduce: the process group has been shut down");
@@ -401,13 +455,14 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
   // the result is written into the caller's tensor as Gloo and NCCL write it, outside autograd
   // (a non-contiguous view of a leaf that requires grad gets its result copied back too)
   const at::NoGradGuard noGrad;
-  Plan plan = planFor(t, opts.reduceOp);
+  // the config of the call's issue: a queued call is planned with it, not with one set since
+  const QuantConfig cfg = getConfig();
+  Plan plan = planFor(t, opts.reduceOp, true, &cfg);
   // auto with tune, host memory: what the table says is read on the progress thread, where every
   // rank reaches this call at the same point of the same sequence (a measurement, a check or a
   // re-tune of the class ran before it, or not, alike on every rank); at issue time a rank may
   // or may not yet see the choice of an earlier call's measurement
-  const QuantConfig cfg = getConfig();
-  const Plan untuned = planFor(t, opts.reduceOp, false);
+  const Plan untuned = planFor(t, opts.reduceOp, false, &cfg);
   const bool tunedOnQueue =
       !t.is_cuda() && untuned.quantize && cfg.algorithm == kAuto && cfg.tune && !disabled_;
   if (tunedOnQueue) {
@@ -435,13 +490,13 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
   // the task holds the backend, so that a group dropped with calls queued lives until they ran
   auto self = c10::intrusive_ptr<QncclBackend>::reclaim_copy(this);
   const std::chrono::milliseconds timeout = callTimeout(opts);
-  auto run = [self, plan, t, timeout, work, opts]() mutable {
+  auto run = [self, plan, t, timeout, work, opts, cfg]() mutable {
     if (plan.tuneNeeded) {
       // every rank reaches this call of this class in the same order: the measurement, check or
       // re-tune is collective; then the call takes the plan the table now gives
       self->settleClass(plan, t, timeout);
       const uint32_t seq = plan.callSeq;
-      plan = self->planFor(t, opts.reduceOp);
+      plan = self->planFor(t, opts.reduceOp, true, &cfg);
       plan.callSeq = seq;
       self->logDecision(plan, t, opts.reduceOp);
       const Clock::time_point start = Clock::now();

@@ -68,6 +68,9 @@ struct ShardedCall {
   std::function<void(ShardedCall&)> pack;
   // list forms: after the quantized run, copies the message into the caller's tensors
   std::function<void(ShardedCall&)> unpack;
+  // the group's config when the call was issued: a queued call is planned with it, not with a
+  // config set since
+  QuantConfig config;
 };
 
 // The buffers a quantized reduce-scatter or all-gather runs on (QncclBackend::stageSharded).
@@ -117,6 +120,11 @@ class QncclBackend : public c10d::Backend {
   // configuration and statistics (Python: qcomm.set_config / get_config / stats)
   void setConfig(const QuantConfig& config);
   QuantConfig getConfig() const;
+  // qcomm.set_config's agreement: behind the calls issued on this group before it (it waits for
+  // them to run), every rank publishes `mine` (its new config, as text) through the group's store
+  // and reads the others'; returns every rank's, by rank. A rank that does not take part within
+  // the group's timeout: a RuntimeError naming it (set_config is collective).
+  std::vector<std::string> exchangeConfig(const std::string& mine);
   const Stats& stats() const { return stats_; }
   bool checkCalls() const { return checkCalls_; }
   // The kept buffers of this group's host-memory allreduces (algo/scratch.h): bytes held (as of
@@ -134,7 +142,9 @@ class QncclBackend : public c10d::Backend {
   uint32_t nextCallSeq() const { return callSeq_; }
   // The plan an allreduce of this tensor would take now (for tests and diagnostics); useTable
   // false: the plan of the config alone, as if the tuning table were empty.
-  Plan planFor(const at::Tensor& t, c10d::ReduceOp op, bool useTable = true) const;
+  // config: the config to plan with (the group's live one when null).
+  Plan planFor(const at::Tensor& t, c10d::ReduceOp op, bool useTable = true,
+               const QuantConfig* config = nullptr) const;
 
   // The tuner (tuner.cpp, plan/tuning.h): host-memory allreduces only (a CUDA allreduce with
   // `auto` runs two_step, untuned). The table every rank of the group holds alike.
@@ -195,7 +205,8 @@ class QncclBackend : public c10d::Backend {
   // The plan a reduce-scatter (collective kReduceScatter) or all-gather would take now (with
   // useTable: as the tuning table says; else as the config says).
   Plan planForSharded(int32_t collective, const at::Tensor& message, const at::Tensor& shard,
-                      c10d::ReduceOp op, bool shapeOk = true, bool useTable = true) const;
+                      c10d::ReduceOp op, bool shapeOk = true, bool useTable = true,
+                      const QuantConfig* config = nullptr) const;
 
   // pass-through collectives, dispatched on the tensors' device
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -371,6 +382,7 @@ class QncclBackend : public c10d::Backend {
   std::string cudaSetupError_;  // the set-up failed: every later CUDA allreduce raises this
   mutable std::mutex configMutex_;
   QuantConfig config_;
+  int64_t configExchanges_ = 0;  // exchangeConfig's calls so far (on the progress thread)
   Stats stats_;
   std::atomic<bool> shutDown_{false};
   mutable std::mutex shadowMutex_;

@@ -13,6 +13,40 @@ thread_local const void* currentQueue = nullptr;  // the queue whose thread this
 
 const void* ProgressQueue::current() { return currentQueue; }
 
+void ProgressQueue::runTask(std::pair<Run, Fail>& task, bool late, const std::string& why) {
+  if (late) {
+    task.second(std::make_exception_ptr(std::runtime_error(why)));
+    return;
+  }
+  try {
+    task.first();
+  } catch (...) {
+    task.second(std::current_exception());
+  }
+}
+
+bool ProgressQueue::runUntil(const void* identity, const std::function<bool()>& done) {
+  if (identity == nullptr || currentQueue != identity) return done();
+  // the queue's State outlives its thread's loop (loop holds a shared_ptr), and this is that
+  // thread: the pointer is alive
+  State* s = static_cast<State*>(const_cast<void*>(identity));
+  while (!done()) {
+    std::pair<Run, Fail> task;
+    bool late = false;
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(s->m);
+      if (s->tasks.empty()) break;
+      task = std::move(s->tasks.front());
+      s->tasks.pop_front();
+      late = s->stopping && std::chrono::steady_clock::now() >= s->deadline;
+      why = s->why;
+    }
+    runTask(task, late, why);
+  }
+  return done();
+}
+
 int64_t ProgressQueue::liveThreads() { return liveProgressThreads.load(); }
 
 ProgressQueue::~ProgressQueue() { stop(std::chrono::milliseconds(0), "the group was destroyed"); }
@@ -60,15 +94,7 @@ void ProgressQueue::loop(const std::shared_ptr<State>& s) {
     const std::string why = s->why;
     s->running = true;
     lock.unlock();
-    if (late) {
-      task.second(std::make_exception_ptr(std::runtime_error(why)));
-    } else {
-      try {
-        task.first();
-      } catch (...) {
-        task.second(std::current_exception());
-      }
-    }
+    runTask(task, late, why);
     task = {};  // what the task held (tensors, the backend) goes here, on this thread
     lock.lock();
     s->running = false;

@@ -38,6 +38,12 @@ class ProgressQueue {
   // a Work of this queue waited for on its own thread would wait for itself (QueuedWork::wait).
   const void* identity() const { return s_.get(); }
   static const void* current();
+  // On the thread of the queue `identity` (a future's callback waiting for a later call of the
+  // same group): runs the tasks queued there, in their order, until `done()` or none is left;
+  // returns done(). On any other thread: returns done() and runs nothing. The awaited call runs
+  // inline, behind the calls issued before it, as it would have on the thread, instead of
+  // waiting for a thread that waits for it.
+  static bool runUntil(const void* identity, const std::function<bool()>& done);
   // Takes no more tasks, runs those queued until `grace` has passed, fails the rest with
   // `why`, and joins the thread (from the thread itself: lets it end on its own).
   void stop(std::chrono::milliseconds grace, const std::string& why);
@@ -57,6 +63,8 @@ class ProgressQueue {
     std::thread::id id;
   };
   static void loop(const std::shared_ptr<State>& s);
+  // Runs `task`: its fail gets what its run throws, or `why` where it is `late`.
+  static void runTask(std::pair<Run, Fail>& task, bool late, const std::string& why);
 
   std::shared_ptr<State> s_ = std::make_shared<State>();
   std::thread thread_;

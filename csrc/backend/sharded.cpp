@@ -41,11 +41,25 @@ at::Tensor scratchMessage(Scratch& scratch, const Plan& plan, const at::Tensor& 
   return scratch.take(plan.numel * t.element_size(), t.options()).view(t.scalar_type());
 }
 
+// Gloo refuses PREMUL_SUM: a reduce-scatter that a group quantizing reduce-scatters passes
+// through gives NCCL's meaning instead (each rank's input times the factor, then summed).
+bool lowersPremul(const at::Tensor& t, const c10d::ReduceOp& op, bool reduceScatter) {
+  return !t.is_cuda() && op.op_ == c10d::ReduceOp::PREMUL_SUM && reduceScatter;
+}
+
+// `input` times the PREMUL_SUM factor of `op`.
+at::Tensor premultiplied(const at::Tensor& input, const c10d::ReduceOp& op) {
+  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK_VALUE(s != nullptr, "[qcomm] PREMUL_SUM without its factor");
+  return s->tensor_factor.defined() ? input.mul(s->tensor_factor) : input.mul(s->double_factor);
+}
+
 }  // namespace
 
 Plan QncclBackend::planForSharded(int32_t collective, const at::Tensor& message,
                                   const at::Tensor& shard, c10d::ReduceOp op, bool shapeOk,
-                                  bool useTable) const {
+                                  bool useTable, const QuantConfig* config) const {
+  const QuantConfig cfg = config != nullptr ? *config : getConfig();
   CallFacts f;
   f.collective = collective;
   f.world = getSize();
@@ -69,9 +83,9 @@ Plan QncclBackend::planForSharded(int32_t collective, const at::Tensor& message,
   Plan p;
   if (useTable && !message.is_cuda()) {
     std::lock_guard<std::mutex> lock(tuningMutex_);
-    p = makePlan(f, getConfig(), &tuning_);
+    p = makePlan(f, cfg, &tuning_);
   } else {
-    p = makePlan(f, getConfig(), nullptr);
+    p = makePlan(f, cfg, nullptr);
   }
   if (disabled_) {
     p.quantize = false;
@@ -132,11 +146,12 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::passThroughSharded(ShardedCall& cal
 c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
   TORCH_CHECK(!shutDown_, prefix(), call.name, ": the process group has been shut down");
   const at::NoGradGuard noGrad;  // results are written as Gloo writes them, outside autograd
+  call.config = getConfig();
+  const QuantConfig& cfg = call.config;
   Plan plan =
-      planForSharded(call.collective, call.message, call.shard, call.op, call.shapeOk, false);
+      planForSharded(call.collective, call.message, call.shard, call.op, call.shapeOk, false, &cfg);
   // auto with tune: the table's choice is read on the progress thread, where every rank reaches
   // the call at the same point (runTunedSharded, tuner.cpp), as the allreduce's
-  const QuantConfig cfg = getConfig();
   plan.tuneNeeded = plan.quantize && cfg.algorithm == kAuto && cfg.tune && !call.message.is_cuda();
   if (!plan.tuneNeeded) logSharded(plan, call);
   if (!plan.quantize) return passThroughSharded(call);
@@ -154,6 +169,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::sharded(ShardedCall call) {
                   std::to_string(bits) + " g" + std::to_string(plan.rs.groupSize));
   auto work = c10::make_intrusive<QueuedWork>(getRank(), call.type, title,
                                               std::vector<at::Tensor>{call.shard}, call.outputs);
+  work->setQueue(queue_.identity());
   auto self = c10::intrusive_ptr<QncclBackend>::reclaim_copy(this);
   const bool asyncOp = call.asyncOp;
   auto run = [self, plan, call, work]() mutable {
@@ -246,6 +262,7 @@ void QncclBackend::countSharded(const Plan& plan, const ShardedCall& call, int64
 std::string QncclBackend::runShardedCpu(const Plan& plan, ShardedCall& call, bool count) {
   C10dTransport transport(gloo_.get(), getRank(), getSize(), call.timeout,
                           C10dTransport::kPointToPoint);
+  transport.setCall(call.name);
   const std::string mismatch = agreeOnPlan(plan, transport);
   if (!mismatch.empty()) return mismatch;
   CpuCodecOps ops;
@@ -285,8 +302,7 @@ at::Tensor QncclBackend::exactOf(const ShardedCall& call) {
   o.timeout = call.timeout;
   o.reduceOp = call.op;
   if (call.op.op_ == c10d::ReduceOp::PREMUL_SUM) {  // Gloo refuses it: NCCL's meaning
-    const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(call.op.supplement_.get());
-    in.mul_(s->double_factor);
+    in = premultiplied(in, call.op);
     o.reduceOp = c10d::ReduceOp::SUM;
   }
   gloo_->_reduce_scatter_base(out, in, o)->wait();
@@ -307,17 +323,10 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::_reduce_scatter_base(
   c.timeout = timeoutOf(opts.timeout, timeout_);
   c.asyncOp = opts.asyncOp;
   c.outputs = {output};
-  const bool lower = !input.is_cuda() && opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM &&
-                     getConfig().reduceScatter;
+  const bool lower = lowersPremul(input, opts.reduceOp, getConfig().reduceScatter);
   c.inner = [=](c10d::Backend* b) mutable {
     if (!lower) return b->_reduce_scatter_base(output, input, opts);
-    // Gloo refuses PREMUL_SUM: on a group that quantizes reduce-scatters the unquantized ones
-    // mean the same (NCCL's order: each rank's input times the factor, then summed)
-    const auto* s =
-        dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(opts.reduceOp.supplement_.get());
-    TORCH_CHECK_VALUE(s != nullptr, "[qcomm] PREMUL_SUM without its factor");
-    at::Tensor scaled =
-        s->tensor_factor.defined() ? input.mul(s->tensor_factor) : input.mul(s->double_factor);
+    at::Tensor scaled = premultiplied(input, opts.reduceOp);
     c10d::ReduceScatterOptions o = opts;
     o.reduceOp = c10d::ReduceOp::SUM;
     return b->_reduce_scatter_base(output, scaled, o);
@@ -329,7 +338,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   refuseOverlap(inputs, "reduce_scatter");
-  TORCH_CHECK_VALUE(!outputs.empty(), prefix(), "reduce_scatter: no tensors given");
+  TORCH_CHECK(!outputs.empty(), prefix(), "reduce_scatter: no tensors given");
   ShardedCall c;
   c.collective = kReduceScatter;
   c.name = "reduce_scatter";
@@ -357,7 +366,17 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter(
       }
     };
   }
-  c.inner = [=](c10d::Backend* b) mutable { return b->reduce_scatter(outputs, inputs, opts); };
+  const bool lower = lowersPremul(c.shard, opts.reduceOp, getConfig().reduceScatter);
+  c.inner = [=](c10d::Backend* b) mutable {
+    if (!lower) return b->reduce_scatter(outputs, inputs, opts);
+    std::vector<std::vector<at::Tensor>> scaled(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      for (const at::Tensor& x : inputs[i]) scaled[i].push_back(premultiplied(x, opts.reduceOp));
+    }
+    c10d::ReduceScatterOptions o = opts;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    return b->reduce_scatter(outputs, scaled, o);
+  };
   return sharded(std::move(c));
 }
 
@@ -380,7 +399,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   refuseOverlap(outputs, "allgather");
-  TORCH_CHECK_VALUE(!inputs.empty(), prefix(), "allgather: no tensors given");
+  TORCH_CHECK(!inputs.empty(), prefix(), "allgather: no tensors given");
   ShardedCall c;
   c.collective = kAllGather;
   c.name = "all_gather";

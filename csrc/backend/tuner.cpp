@@ -73,8 +73,10 @@ std::string callsOf(int32_t collective) {
 
 // The message the tuner times a class on: a copy of the sample; an all-gather's output holds no
 // data before the call, so a fixed ramp of its size instead (values shape no timing but NaN's).
+// Flat: a reduce-scatter's exact run pairs it with a flat shard, which Gloo refuses for a 2-D
+// input (its first dimension must be W times the output's).
 at::Tensor tuneData(const at::Tensor& sample, int32_t collective) {
-  if (collective != kAllGather) return sample.contiguous().clone();
+  if (collective != kAllGather) return sample.contiguous().clone().reshape({-1});
   return at::sin(at::arange(sample.numel(), sample.options().dtype(at::kFloat)))
       .to(sample.scalar_type());
 }
@@ -86,6 +88,16 @@ CallFacts tuneFacts(CallFacts f, int32_t collective) {
   f.opSum = true;
   f.opAvg = false;
   return f;
+}
+
+// Every rank starts the next timed run together: a one-element allreduce over Gloo, not Gloo's
+// barrier, which also waits for (and rethrows the errors of) every Gloo work issued before it: a
+// pass-through call whose callback waits for the quantized call being tuned here would never end.
+void startTogether(c10d::Backend& gloo, std::chrono::milliseconds timeout) {
+  std::vector<at::Tensor> ts{at::zeros({1}, at::kFloat)};
+  c10d::AllreduceOptions o;
+  o.timeout = timeout;
+  gloo.allreduce(ts, o)->wait();
 }
 
 std::string jsonNumber(double v) {
@@ -228,9 +240,7 @@ void QncclBackend::measureClass(const Plan& plan, const at::Tensor& sample,
     // every rank starts the run together, as calls separated by other work do: back to back, a
     // rank done first would time its wait for the others, and a link's queue left by the run
     // before, as this run's
-    c10d::BarrierOptions b;
-    b.timeout = timeout;
-    gloo_->barrier(b)->wait();
+    startTogether(*gloo_, timeout);
     const Clock::time_point t0 = Clock::now();
     runForTuning(candidate, coll, work, timeout);
     return secondsSince(t0) * (i < factors.size() ? factors[i] : 1.0);
@@ -345,20 +355,21 @@ std::string QncclBackend::runTunedSharded(Plan plan, ShardedCall& call) {
   // re-tune is collective; then the call takes the plan the table now gives
   settleClass(plan, call.message, call.timeout);
   const uint32_t seq = plan.callSeq;
-  plan = planForSharded(call.collective, call.message, call.shard, call.op, call.shapeOk);
+  plan = planForSharded(call.collective, call.message, call.shard, call.op, call.shapeOk, true,
+                        &call.config);
   plan.callSeq = seq;
   logSharded(plan, call);
   const Clock::time_point start = Clock::now();
   std::string mismatch;
-  guardTransport([&] {
-    if (plan.quantize) {
-      mismatch = runShardedCpu(plan, call);
-      return;
-    }
-    stats_.sharded[call.collective].passthroughCalls++;  // tuned: the exact call measured faster
+  if (plan.quantize) {
+    guardTransport([&] { mismatch = runShardedCpu(plan, call); });
+  } else {
+    // tuned: the exact call measured faster. Gloo's refusal of it (an argument error) is the
+    // call's error alone: nothing of ours was on the wire, and the group stays usable
+    stats_.sharded[call.collective].passthroughCalls++;
     c10::intrusive_ptr<c10d::Work> w = call.inner(gloo_.get());
     if (w) w->wait();
-  });
+  }
   const int64_t bytes = call.message.numel() * int64_t(call.message.element_size());
   noteCallTime(plan.dtype, sizeClassOf(bytes), secondsSince(start), call.collective);
   return mismatch;
@@ -488,9 +499,7 @@ void QncclBackend::checkClass(const Plan& plan, const at::Tensor& sample,
       for (int k = 0; k < 2; ++k) {
         const int i = (r % 2 == 0) ? k : 1 - k;  // alternate which goes first
         work.copy_(data);
-        c10d::BarrierOptions b;
-        b.timeout = timeout;
-        gloo_->barrier(b)->wait();
+        startTogether(*gloo_, timeout);
         const Clock::time_point t0 = Clock::now();
         runForTuning(i == 0 ? Plan{} : candidate, coll, work, timeout);
         if (r > 0) runs[i].push_back(secondsSince(t0) * factorOf(pair[i]));

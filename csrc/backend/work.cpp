@@ -26,11 +26,14 @@ int QueuedWork::sourceRank() const {
 }
 
 bool QueuedWork::wait(std::chrono::milliseconds timeout) {
-  TORCH_CHECK(queue_ == nullptr || ProgressQueue::current() != queue_ || isCompleted(),
+  // On the thread of its own queue (a future's callback waiting for a later call of the same
+  // group), the call and those queued before it run here, inline, in their order: the thread
+  // would otherwise wait for itself.
+  const bool ran = ProgressQueue::runUntil(queue_, [this] { return isCompleted(); });
+  TORCH_CHECK(queue_ == nullptr || ProgressQueue::current() != queue_ || ran,
               "[qcomm] Work.wait() was called on the qnccl group's progress thread (from a "
-              "future's callback) for a collective of the same group that has not run yet: it is "
-              "queued behind the callback, so the wait could never end. Wait for it outside the "
-              "callback, or chain it with its own get_future().then(...)");
+              "future's callback) for a collective of the same group that is not queued there: "
+              "the wait could never end. Wait for it outside the callback");
   return c10d::Work::wait(timeout);
 }
 

@@ -25,9 +25,10 @@ class QueuedWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   int sourceRank() const override;
-  // Raises, instead of waiting forever, when called on the thread of the queue that runs this
-  // work before it ran: a future's callback (they run on that thread) waiting for a later call
-  // of the same group, which is queued behind the callback.
+  // Called on the thread of the queue that runs this work before it ran (a future's callback,
+  // which runs on that thread, waiting for a later call of the same group, queued behind the
+  // callback): runs the queued calls up to this one inline (ProgressQueue::runUntil) instead of
+  // waiting for itself.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   // The ProgressQueue (identity()) this work is queued on.
   void setQueue(const void* queue) { queue_ = queue; }

@@ -123,6 +123,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "set_config", [](QncclBackend& b, py::tuple cfg) { b.setConfig(configFromTuple(cfg)); },
           py::arg("config"))
       .def("get_config", [](const QncclBackend& b) { return configToDict(b.getConfig()); })
+      .def("exchange_config", &QncclBackend::exchangeConfig, py::arg("mine"),
+           py::call_guard<py::gil_scoped_release>(),
+           "qcomm.set_config's agreement: every rank's config text, by rank, exchanged behind "
+           "the calls issued before it")
       // reads atomics and the shadow statistics only: never waits for a running call (nor for
       // its lock, which a child forked during a call would find held forever)
       .def("stats",

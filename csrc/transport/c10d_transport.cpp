@@ -43,7 +43,7 @@ void C10dTransport::await(const c10::intrusive_ptr<c10d::Work>& w, const std::st
   } catch (const std::exception& e) {
     cause = e.what();
   }
-  TORCH_CHECK(false, rankPrefix(rank(), world()), "allreduce: ", what, " failed (timeout ",
+  TORCH_CHECK(false, rankPrefix(rank(), world()), call_, ": ", what, " failed (timeout ",
               timeout_.count(),
               " ms; a peer may have died or stopped, or issued a different collective: for "
               "instance its call passed through, with a size on the other side of min_bytes, "
@@ -101,7 +101,7 @@ void C10dTransport::ready(int id, int i) {
   State& s = exchanges_.at(size_t(id));
   const Exchange& e = s.x;
   if (mode_ == kCollectives) {
-    TORCH_CHECK(!s.launched, rankPrefix(rank(), world()), "allreduce: ", e.what,
+    TORCH_CHECK(!s.launched, rankPrefix(rank(), world()), call_, ": ", e.what,
                 ": more data declared ready than the exchange sends");
     if (++s.readies == sendsOf(e)) launch(s);
     return;
@@ -163,7 +163,7 @@ void C10dTransport::launch(State& s) {
 }
 
 void C10dTransport::waitAll(State& s) {
-  TORCH_CHECK(s.launched, rankPrefix(rank(), world()), "allreduce: ", s.x.what,
+  TORCH_CHECK(s.launched, rankPrefix(rank(), world()), call_, ": ", s.x.what,
               ": waited for before all its data to send was ready");
   if (s.done) return;
   for (auto& w : s.works) await(w, s.x.what);
@@ -219,7 +219,7 @@ void C10dTransport::allGatherNow(at::Tensor& out, at::Tensor& in, const std::str
   try {  // Gloo raises at once when a peer's connection is already closed
     w = inner_->_allgather_base(out, in);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, rankPrefix(rank(), world()), "allreduce: ", what,
+    TORCH_CHECK(false, rankPrefix(rank(), world()), call_, ": ", what,
                 " failed: ", e.what_without_backtrace());
   }
   await(w, what);

@@ -39,6 +39,8 @@ class C10dTransport final : public Transport {
 
   // Every rank receives every rank's `in` into slot i of `out`, now (the plan header's exchange).
   void allGatherNow(at::Tensor& out, at::Tensor& in, const std::string& what);
+  // The collective its errors name ("allreduce" unless set; a string that outlives the transport).
+  void setCall(const char* call) { call_ = call; }
 
  private:
   struct State {
@@ -65,6 +67,7 @@ class C10dTransport final : public Transport {
   std::vector<State> exchanges_;
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::string>> sends_;  // in flight
   int64_t bytesSent_ = 0;
+  const char* call_ = "allreduce";
 };
 
 }  // namespace qcomm

@@ -279,7 +279,7 @@ def test_peer_fault_surfaces_at_wait_and_the_group_says_so_next(mode, tmp_path):
     assert "[qcomm rank 0/2] allreduce" in msg, msg
     assert seconds <= timeout_s + 5, seconds
     assert issued < 1.0, issued  # the call itself returned before the fault showed
-    assert "cannot be used after an earlier quantized allreduce on it failed" in nxt, nxt
+    assert "cannot be used after an earlier quantized collective on it failed" in nxt, nxt
     assert nxt_seconds < 1.0, nxt_seconds  # at once, not another timeout
     assert code == 0
 

@@ -1,7 +1,7 @@
 """Mismatches and faults get a clear error: a config that differs across ranks at the group's
 creation raises there, on every rank; a call quantized on one rank and passed through on another
-(set_config after creation) costs the timeout, and the quantized rank's message names the likely
-causes; a peer killed at any moment of a quantized call leaves the survivor a message with
+(sizes on either side of min_bytes) costs the timeout, and the quantized rank's message names the
+likely causes; a peer killed at any moment of a quantized call leaves the survivor a message with
 qcomm's prefix, the step and the cause, and the group refuses its next call at once."""
 
 import os
@@ -41,12 +41,12 @@ def test_a_config_that_differs_at_creation_raises_there_on_every_rank(tmp_path):
 
 
 def _eligibility_worker(rank, world, init_file):
-    short_timeout_group(init_file, rank, world, 5, barrier=False)
-    # rank 1 lowers min_bytes after creation: its 256 KiB call is quantized, rank 0's passes through
-    qcomm.set_config(qcomm.QuantConfig(min_bytes=[1 << 20, 1 << 16][rank]))
+    short_timeout_group(init_file, rank, world, 5, qcomm.QuantConfig(min_bytes=1 << 18), False)
+    # sizes on either side of min_bytes: rank 1's 256 KiB call is quantized, rank 0's 128 KiB call
+    # passes through (set_config on one rank can no longer do this: it is collective)
     t0 = time.monotonic()
     try:
-        dist.all_reduce(torch.ones(1 << 16))
+        dist.all_reduce(torch.ones([1 << 15, 1 << 16][rank]))
         msg = "no error"
     except RuntimeError as e:
         msg = str(e)
@@ -89,4 +89,4 @@ def test_a_killed_peer_leaves_prefixed_messages(algo, delay, tmp_path):
     assert len(msgs) == 2, msgs
     first, second = msgs
     assert first.startswith("[qcomm rank 0/2] allreduce: ") and " failed" in first, first
-    assert "cannot be used after an earlier quantized allreduce" in second, second
+    assert "cannot be used after an earlier quantized collective" in second, second

@@ -120,13 +120,14 @@ def test_invalid_shadow_values_are_refused():
 
 
 def _mismatch_worker(rank, world):
-    qcomm.set_config(qcomm.QuantConfig(min_bytes=0, shadow=1 if rank == 0 else 0))
-    x = torch.ones(4096)
-    try:
-        dist.all_reduce(x)
+    qcomm.set_config(qcomm.QuantConfig(min_bytes=0))
+    try:  # set_config is collective: ranks that set different configs all raise there
+        qcomm.set_config(qcomm.QuantConfig(min_bytes=0, shadow=1 if rank == 0 else 0))
         raised = ""
-    except Exception as e:  # noqa: BLE001 - the message is the result
+    except ValueError as e:
         raised = str(e)
+    x = torch.ones(4096)
+    dist.all_reduce(x)  # both still on the config before
     # the group stays usable, and qcomm.shadow sets every rank alike
     qcomm.shadow(every=1)
     y = torch.full((4096,), float(rank + 1))
@@ -136,7 +137,8 @@ def _mismatch_worker(rank, world):
 
 def test_ranks_that_disagree_raise_and_qcomm_shadow_sets_it():
     for raised, every, shadow, y0 in run_ranks(_mismatch_worker, 2):
-        assert "shadow is 1 on rank 0 but 0 on rank 1" in raised, raised
+        assert "set_config: the ranks set different" in raised, raised
+        assert "shadow: rank 0: 1, rank 1: 0" in raised, raised
         assert every == 1
         assert shadow["float32 16 KiB to 32 KiB"]["calls"] == 1, shadow
         assert y0 == pytest.approx(3.0, rel=0.01)

@@ -190,10 +190,11 @@ def _callback_worker(rank, world):
     return err, took, x2[0].item(), y[0].item(), got
 
 
-def test_a_callback_waiting_on_a_later_call_raises_instead_of_hanging():
+def test_a_callback_waiting_on_a_later_call_runs_it_inline():
+    # the callback's w2.wait() runs w2 (queued behind the callback) inline, as Gloo completes it
     cfg = qcomm.QuantConfig(min_bytes=0, algorithm="two_step")
     for err, took, x2, y, got in run_ranks(_callback_worker, 2, pg_options=cfg, timeout=90):
-        assert "progress thread" in err and "could never end" in err, err
+        assert err == "", err
         assert took < 10
         assert x2 == 2.0 and y == 2.0 and got is True
 
