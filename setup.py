@@ -46,7 +46,8 @@ def _torch_has_cuda() -> bool:
 # round identically (DESIGN invariant 3). -fopenmp lets at::parallel_for use torch's own libgomp.
 # GCC's default -ftrapping-math stays: -fno-trapping-math (until 2026-11-30) made GCC vectorize the
 # codec's AVX-512 encoder half as well (2.9 against 6.0 GB/s, fp32 8-bit asymmetric, one core) and
-# its baseline loops no faster (benchmarks/RESULTS.md); it changes no result either way.
+# its baseline loops no faster (benchmarks/results/02-cpu-codec.md); it changes no result either
+# way.
 CXX_FLAGS = [
     "-O3",
     "-std=c++17",

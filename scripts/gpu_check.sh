@@ -54,8 +54,9 @@ cd "$ROOT" || exit 1
 # (as of 2026-12-03 nothing since 106b711 has), one capped pytest a step; then the codec kernels
 # and the timings, while time is left before DEADLINE. The planned steps' caps add up to DEADLINE
 # (475 s), under the 8 minutes. Caps: about 1.5x the step's estimate from the last GPU runs
-# (benchmarks/RESULTS.md; a run_ranks of 2 processes ~10 s to start, 4 ranks ~15 s; the build
-# 85-122 s on 2026-11-30, more kernels since). `--dry-run` prints the plan and exits.
+# (benchmarks/results/05-gpu-codec-kernels.md; a run_ranks of 2 processes ~10 s to start, 4 ranks
+# ~15 s; the build 85-122 s on 2026-11-30, more kernels since). `--dry-run` prints the plan and
+# exits.
 PLAN=(
   "machine|15|the GPU, torch and the compiler"
   "build|160|the CUDA extension for sm_90"
@@ -252,7 +253,7 @@ run_step() {
   RESULTS+=("| $CURRENT | $what | $((SECONDS - t0)) |")
 }
 export QCOMM_IPC_SPIN_TIMEOUT_MS="${QCOMM_IPC_SPIN_TIMEOUT_MS:-20000}"  # fail fast, never hang
-export QCOMM_CUDA_QUANTIZE=1  # the quantized CUDA path is opt-in (README, "CUDA tensors")
+export QCOMM_CUDA_QUANTIZE=1  # the quantized CUDA path is opt-in (docs/cuda.md, "The opt-in")
 # no tuning unless a step asks for it (QCOMM_TUNE=1 there): `auto` would measure each size class
 # first (host tensors only: CUDA tensors are never tuned)
 export QCOMM_TUNE=0

@@ -26,7 +26,7 @@ void decodeBlockStreamed(const uint8_t* src, int64_t n, const CodecSpec& c, floa
 
 // CpuCodecOps::decodeResult streams outputs of at least this many bytes (8 MiB: from there an
 // output last touched long before decoded 1.2x-1.3x faster streamed with AVX2 and AVX-512, one
-// just written 0.96x-1.11x; below, down to 0.57x; RESULTS.md section 2, "Streamed decodes").
+// just written 0.96x-1.11x; below, down to 0.57x; results/02-cpu-codec.md, "Streamed decodes").
 constexpr int64_t kStreamedDecodeBytes = int64_t(8) << 20;
 
 // out = decode(srcs[0]) + decode(srcs[1]) + ... + decode(srcs[count - 1]) (blocks of n elements),

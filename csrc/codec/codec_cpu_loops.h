@@ -100,9 +100,10 @@ void decodeStreamedRange(const uint8_t* src, int64_t n, const CodecSpec& c, int6
 
 // The sum of the copies. With AVX2 and above, decodeSumGroupsFixed: each group of every copy
 // decoded and added in registers, one pass over out (1.3x-1.5x two whole decodes at 64 MiB,
-// RESULTS.md). The baseline's 16 registers of 128 bits hold too little of that loop (0.90x of two
-// whole decodes, 64 MiB bf16 8-bit; 0.91x-0.95x decoded a few groups at a time): it decodes each
-// copy over the whole range in turn, as CodecOps::decodeSum does. The same bits either way.
+// benchmarks/results/02-cpu-codec.md). The baseline's 16 registers of 128 bits hold too little of
+// that loop (0.90x of two whole decodes, 64 MiB bf16 8-bit; 0.91x-0.95x decoded a few groups at a
+// time): it decodes each copy over the whole range in turn, as CodecOps::decodeSum does. The same
+// bits either way.
 void decodeSumRange(const uint8_t* const* blocks, int count, int64_t n, const CodecSpec& c,
                     int64_t g0, int64_t g1, float* out, bool accumulate) {
   if (QCOMM_SIMD_LEVEL >= 2) {

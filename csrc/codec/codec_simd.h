@@ -63,7 +63,8 @@ QCOMM_SIMD_INLINE void storef(float* p, vf v) { memcpy(p, &v, sizeof v); }
 // storef with a non-temporal store (AVX2 and up; p 32-byte aligned): the line goes to memory
 // without first being read into the cache. Such stores are ordered by streamFence(), which every
 // loop that makes them runs before it returns. The baseline stores as storef does: its 16-byte
-// stream stores measured slower than plain ones (RESULTS.md section 2, "Streamed decodes").
+// stream stores measured slower than plain ones (benchmarks/results/02-cpu-codec.md, "Streamed
+// decodes").
 QCOMM_SIMD_INLINE void streamf(float* p, vf v) {
 #if QCOMM_SIMD_LEVEL >= 2
   _mm256_stream_ps(p, (__m256)v);

@@ -49,7 +49,9 @@ std::vector<Declaration> makeDeclarations() {
   // The quantization config: read when a group is created without an explicit config.
   choice("QCOMM_ALGO", S::kGroup, "auto", {"auto", "two_step", "ring", "semi_ring", "none"},
          "auto, two_step, ring, semi_ring, none",
-         "the allreduce schedule; none passes every allreduce through", "algorithm");
+         "the schedule of allreduces and quantized reduce-scatters; none passes every collective "
+         "through",
+         "algorithm");
   bits("QCOMM_RS_BITS", "bits of the reduce phase; none ships the input dtype", "rs_bits");
   bits("QCOMM_AG_BITS", "bits of the gather phase; none ships the input dtype", "ag_bits");
   integer("QCOMM_GROUP_SIZE", S::kGroup, "128", 32, 1024, true, "a power of two from 32 to 1024",
@@ -64,16 +66,19 @@ std::vector<Declaration> makeDeclarations() {
   choice("QCOMM_ROTATE", S::kGroup, "auto",
          {"auto", "1", "0", "true", "false", "yes", "no", "on", "off"},
          "auto, or 1/0, true/false, yes/no, on/off",
-         "Hadamard-rotate each group before quantizing; auto: where a phase has 4 bits", "rotate");
+         "Hadamard-rotate each group before quantizing; auto: where a phase has 4 bits (for a "
+         "reduce-scatter or all-gather, its own phase)",
+         "rotate");
   boolean("QCOMM_STOCHASTIC_ROUNDING", S::kGroup, "0",
           "round codes stochastically: errors of mean zero over calls", "stochastic_rounding");
   boolean("QCOMM_TUNE", S::kGroup, "1",
-          "auto times exact against quantized at each size class's first host-memory allreduce, "
+          "auto times exact against quantized at each size class's first host-memory call, per "
+          "collective (allreduces, and the reduce-scatters and all-gathers a group quantizes), "
           "checks a cached choice at its first use, re-tunes a class whose calls drift",
           "tune");
   integer("QCOMM_SHADOW", S::kGroup, "0", 0, INT32_MAX, false, "an integer >= 0",
-          "every N-th quantized allreduce also runs the exact one on a copy and records the "
-          "error (0: off)",
+          "every N-th quantized host-memory call (allreduce, reduce-scatter or all-gather) also "
+          "runs the exact one on a copy and records the error (0: off)",
           "shadow");
   boolean("QCOMM_REDUCE_SCATTER", S::kGroup, "0",
           "quantize reduce_scatter_tensor and reduce_scatter with the reduce phase's codec",
@@ -92,7 +97,7 @@ std::vector<Declaration> makeDeclarations() {
           "1 passes every collective through, whatever config the code passes; ranks must agree");
   // The CPU engine: read when a group is created.
   integer("QCOMM_CPU_THREADS", S::kGroup, "0", 0, 1024, false, "an integer from 0 to 1024",
-          "threads of the codec in one quantized CPU allreduce; 0: torch's intra-op threads, "
+          "threads of the codec in one quantized CPU call; 0: torch's intra-op threads, "
           "split among the group's ranks on this host");
 
   // The process: read at first use.
@@ -100,12 +105,13 @@ std::vector<Declaration> makeDeclarations() {
          "auto, generic, avx2, avx512 (one this CPU has)",
          "instruction set of the CPU codec loops; auto takes the widest this CPU has");
   boolean("QCOMM_CUDA_QUANTIZE", S::kProcess, "0",
-          "quantize eligible CUDA allreduces (opt-in until timed against NCCL across GPUs)");
+          "quantize eligible CUDA allreduces, and the reduce-scatters and all-gathers of groups "
+          "that quantize them (opt-in until timed against NCCL across GPUs)");
   choice("QCOMM_DEBUG", S::kProcess, "WARN", {"WARN", "INFO", "CHECK"}, "WARN, INFO, CHECK",
          "INFO: rank 0 prints each setting that differs from its default, and per group what "
-         "its allreduces of each size class do; CHECK: INFO, and every eager CUDA-IPC call "
-         "exchanges its header on the host first (a mismatch names its field; on every rank of "
-         "a group created while any of its ranks sets it)");
+         "its allreduces, reduce-scatters and all-gathers of each size class do; CHECK: INFO, "
+         "and every eager CUDA-IPC call exchanges its header on the host first (a mismatch names "
+         "its field; on every rank of a group created while any of its ranks sets it)");
 
   // A group's CUDA path: read when it sets up, at its first quantized CUDA allreduce.
   choice("QCOMM_TRANSPORT", S::kGroup, "auto", {"auto", "ipc", "nccl"}, "auto, ipc, nccl",

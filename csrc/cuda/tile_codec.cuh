@@ -47,7 +47,7 @@ __device__ __forceinline__ void storeParamsAt(float* meta, int64_t groups, int64
 // then visible to the thread itself (not to other threads: a barrier orders those). Both addresses
 // 16-byte aligned. Before sm_80, a plain load and store. The emulator does the copies at the wait
 // (simt.h; its self-test runs these). No codec kernel uses them since the staged encoders, timed
-// slower on an H200 (benchmarks/RESULTS.md), were removed.
+// slower on an H200 (benchmarks/results/05), were removed.
 __device__ __forceinline__ void copyAsync16(void* shared, const void* global) {
 #if defined(QCOMM_SIMT)
   simt::copyAsync(shared, global, 16);

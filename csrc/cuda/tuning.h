@@ -1,11 +1,11 @@
 // The codec kernels' tuned launch choices, in one place: what an H200 measured fastest
-// (benchmarks/RESULTS.md, section 5 "GPU codec kernels"), and the two settings that force another
+// (benchmarks/results/05-gpu-codec-kernels.md), and the two settings that force another
 // shape, QCOMM_CUDA_FULL_GRID (auto, 0, 1) and QCOMM_CUDA_ENCODE_BLOCKS (auto, 3, 4), declared in
 // common/settings.cpp and read through settings::text (cached per process; "auto", like unset, is
 // the measured choice). A choice changes the launch only, never a byte: every codec kernel is
 // grid-stride. Host code, no torch: codec_kernels.cu decides with these functions, and the SIMT
 // driver (tests/native/simt/codec_main.cpp) checks them. The variants that lost (L2 prefetch,
-// staged encoders, 8 decoder items per thread; RESULTS.md "The launch variants that lost") were
+// staged encoders, 8 decoder items per thread; results/05 "The launch variants that lost") were
 // removed; the tag experiments-before-removal-2026-12-01 holds them.
 #pragma once
 
@@ -20,10 +20,10 @@ namespace gpu {
 namespace tuning {
 
 // Elements from which the launches measured faster on the full grid take it: 40 MiB of fp32,
-// between 32 MiB (lost, 0.88-0.99x) and 48 MiB (won, 1.01-1.11x); RESULTS.md "defaults that won".
+// between 32 MiB (lost, 0.88-0.99x) and 48 MiB (won, 1.01-1.11x); results/05 "defaults that won".
 constexpr int64_t kFullGridFrom = int64_t(10) << 20;
 
-// Encoder blocks per SM (its __launch_bounds__) by input dtype and codec; RESULTS.md section 5,
+// Encoder blocks per SM (its __launch_bounds__) by input dtype and codec; results/05,
 // "The launch defaults that won":
 // fp32: 4, with the full grid 0.99-1.07x the speed of 3 on the resident grid, 48 MiB to 1 GiB;
 constexpr int kEncodeBlocksFp32 = 4;

@@ -35,8 +35,8 @@ struct QuantConfig {
 };
 
 // Whether the codec rotates: rotate, or with rotate = -1 whether a phase has 4 bits (on a real
-// model's activations 4-bit groups without the rotation lose far more: benchmarks/RESULTS.md
-// section 4). qcomm/config.py QuantConfig.rotates says the same.
+// model's activations 4-bit groups without the rotation lose far more: benchmarks/results/
+// 04-smollm2-tensor-parallel.md). qcomm/config.py QuantConfig.rotates says the same.
 bool rotates(const QuantConfig& c);
 
 // Throws c10::ValueError naming the knob, the value given and what is allowed.

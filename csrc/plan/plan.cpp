@@ -127,7 +127,7 @@ Plan quantizedPlan(const CallFacts& f, const QuantConfig& cfg) {
   const int32_t raw = p.rotate ? int32_t(kFloat32) : p.dtype;
   // auto: two_step. It has the fewest quantization round trips (two, whatever the world size), so
   // the lowest error, and it needs two collectives where the rings need W-1 hops. The measured
-  // crossovers that refine this live in benchmarks/RESULTS.md.
+  // crossovers that refine this live in benchmarks/results/ (01 and 10).
   p.algorithm = cfg.algorithm == kAuto ? kTwoStep : cfg.algorithm;
   p.rs = CodecSpec{cfg.rsBits, cfg.groupSize, cfg.symmetric ? 1 : 0, raw};
   p.ag = CodecSpec{cfg.agBits, cfg.groupSize, cfg.symmetric ? 1 : 0, raw};

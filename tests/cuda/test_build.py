@@ -50,9 +50,9 @@ def _cuobjdump_available() -> bool:
 
 @pytest.mark.skipif(not _cuobjdump_available(), reason="no nvcc or no cuobjdump")
 def test_sass_counts_reads_the_slab_encoder_probe():
-    """benchmarks/sass_counts.py (static SASS counts, cited in RESULTS) still compiles its probe of
-    encodeSlab and parses the disassembly: one row per bit width and symmetry, each with the
-    shuffles of the reduction and the stores of the codes."""
+    """benchmarks/sass_counts.py (static SASS counts, cited in benchmarks/HISTORY.md) still
+    compiles its probe of encodeSlab and parses the disassembly: one row per bit width and
+    symmetry, each with the shuffles of the reduction and the stores of the codes."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run(
         [sys.executable, os.path.join(root, "benchmarks", "sass_counts.py")],

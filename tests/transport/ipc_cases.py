@@ -21,7 +21,7 @@ from qcomm import reference as ref
 
 from dist_util import run_ranks
 
-# the quantized CUDA path is opt-in (README, "CUDA tensors")
+# the quantized CUDA path is opt-in (docs/cuda.md, "The opt-in")
 ENV = {"QCOMM_CUDA_QUANTIZE": "1", "QCOMM_IPC_SPIN_TIMEOUT_MS": "20000"}
 
 BITS = [(8, 8), (4, 8), (4, 4), (None, 8), (8, None)]

@@ -163,7 +163,7 @@ struct DeviceExec {
   // The group's barrier has ordered its threads' writes of the tile before this (the leader's)
   // release store, and a release is cumulative over them (PTX memory model), so a peer's acquire
   // of the flag sees the whole tile: no fence is needed before it. (A system-scope fence before
-  // it, the kernel's until 2026-11-30, lost when timed: benchmarks/RESULTS.md.)
+  // it, the kernel's until 2026-11-30, lost when timed: benchmarks/results/06.)
   __device__ void release(uint32_t* flag, uint32_t v) const { storeRelease(flag, v); }
 
   // Spin until *flag == epoch; false when this rank gives up (time-out: recorded, and every
