@@ -85,7 +85,7 @@ def _worker(rank, world, iters, share):
 def _fingerprint_us(calls=20000):
     import qcomm
 
-    cfg = qcomm.QuantConfig(min_bytes=0).as_tuple()
+    cfg = qcomm.QuantConfig(min_bytes=0).encoded()
     fp = qcomm._C._testing.plan_fingerprint
     best = []
     for _ in range(5):

@@ -140,7 +140,7 @@ def main() -> int:
             timeout,
             gloo,
             None,
-            qcomm.QuantConfig(algorithm="two_step", min_bytes=0).as_tuple(),
+            qcomm.QuantConfig(algorithm="two_step", min_bytes=0).encoded(),
             dist.PrefixStore("qcomm", store),
         )
 
@@ -194,7 +194,7 @@ def main() -> int:
             rs, ag = (int(b) for b in bits.split("/"))
             cfg = qcomm.QuantConfig(
                 algorithm="two_step", rs_bits=rs, ag_bits=ag, min_bytes=0
-            ).as_tuple()
+            ).encoded()
             times = [0.0] * world
             before: list[int] = []
 

@@ -222,7 +222,7 @@ def _create(opts, pg_options):
     # the store also carries the CUDA-IPC buffer handles (csrc/transport/cuda_ipc.cpp)
     ipc_store = dist.PrefixStore("qcomm", store)
     backend = _C.QncclBackend(
-        rank, size, timeout, gloo, nccl, cfg.as_tuple(), ipc_store, disabled, threads, check_calls
+        rank, size, timeout, gloo, nccl, cfg.encoded(), ipc_store, disabled, threads, check_calls
     )
     if cfg.tune and cfg.algorithm == "auto" and not disabled and size > 1:
         paths = _tuning.agree_path(store, rank, size, path)
@@ -281,7 +281,7 @@ def set_config(config, group=None) -> None:
             f"QuantConfigs ({held}); every rank keeps its old config. Call it on every rank of "
             "the group with the same config"
         )
-    be.set_config(config.as_tuple())
+    be.set_config(config.encoded())
 
 
 def get_config(group=None) -> QuantConfig:

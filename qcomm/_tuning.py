@@ -150,15 +150,12 @@ def cache_key(cfg, world: int, hosts: list, threads: int, version: str, path=Non
         "inner": "gloo",
         "cpu_isa": _C.cpu_isa(),
         "cpu_threads": threads,
-        "rs_bits": cfg.rs_bits,
-        "ag_bits": cfg.ag_bits,
-        "group_size": cfg.group_size,
-        "symmetric": cfg.symmetric,
+        # the fields declared as keying the table (csrc/plan/config.h QCOMM_CONFIG_FIELDS), and
         # each collective's rotation as its plan decides it: with rotate unset a reduce-scatter
-        # and an all-gather rotate by their own phase's bits, not by the allreduce's rule
+        # and an all-gather rotate by their own phase's bits, not by the allreduce's rule (the
+        # same rule as QncclBackend::setConfig's, plan.h sameTuningKey)
+        **{f["name"]: getattr(cfg, f["name"]) for f in _C.config_fields() if f["tuning_key"]},
         "rotate": [cfg.rotates_for(c) for c in ("all_reduce", "reduce_scatter", "all_gather")],
-        "stochastic_rounding": cfg.stochastic_rounding,
-        "min_bytes": cfg.min_bytes,
     }
 
 

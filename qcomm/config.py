@@ -120,42 +120,41 @@ class QuantConfig:
         """A copy with `changes` (field=value), validated."""
         return dataclasses.replace(self, **changes)
 
-    def as_tuple(self) -> tuple:
-        """The C++ constructor's argument order (csrc/python/convert.h)."""
-        return (
-            ALGORITHMS[self.algorithm],
-            self.rs_bits or 0,
-            self.ag_bits or 0,
-            self.group_size,
-            bool(self.symmetric),
-            int(self.min_bytes),
-            int(self.microshards),
-            -1 if self.rotate is None else int(self.rotate),  # -1: the rule of rotates
-            bool(self.stochastic_rounding),
-            bool(self.tune),
-            int(self.shadow),
-            bool(self.reduce_scatter),
-            bool(self.all_gather),
-        )
+    def encoded(self) -> dict:
+        """Every field by name, as the C++ side takes it (csrc/python/convert.h configFrom): the
+        algorithm's code, bits 0 for None, rotate -1 for None (the rule of ``rotates``)."""
+        out = {}
+        for f in FIELDS:
+            v = getattr(self, f)
+            if f == "algorithm":
+                v = ALGORITHMS[v]
+            elif f in ("rs_bits", "ag_bits"):
+                v = v or 0
+            elif f == "rotate":
+                v = -1 if v is None else int(v)
+            out[f] = v
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "QuantConfig":
+        """The inverse of encoded(): a config from the dict of every field by name."""
         names = {v: k for k, v in ALGORITHMS.items()}
-        return cls(
-            algorithm=names[d["algorithm"]],
-            rs_bits=d["rs_bits"] or None,
-            ag_bits=d["ag_bits"] or None,
-            group_size=d["group_size"],
-            symmetric=bool(d["symmetric"]),
-            min_bytes=d["min_bytes"],
-            microshards=d["microshards"],
-            rotate=None if d["rotate"] < 0 else bool(d["rotate"]),
-            stochastic_rounding=bool(d["stochastic_rounding"]),
-            tune=bool(d["tune"]),
-            shadow=int(d["shadow"]),
-            reduce_scatter=bool(d.get("reduce_scatter", False)),
-            all_gather=bool(d.get("all_gather", False)),
-        )
+        kw = {}
+        for f in FIELDS:
+            v = d[f]
+            if f == "algorithm":
+                v = names[v]
+            elif f in ("rs_bits", "ag_bits"):
+                v = v or None
+            elif f == "rotate":
+                v = None if v < 0 else bool(v)
+            kw[f] = v
+        return cls(**kw)
+
+
+#: QuantConfig's fields in the order of their one declaration (csrc/plan/config.h
+#: QCOMM_CONFIG_FIELDS); tests/plan/test_config.py checks the dataclass against it
+FIELDS = tuple(f["name"] for f in _C.config_fields())
 
 
 def _bad(knob: str, value, allowed: str) -> ValueError:

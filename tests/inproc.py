@@ -37,7 +37,7 @@ class InProcGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         self.backends = [None] * world
         self.inner = [None] * world
-        cfg = qcomm.QuantConfig(min_bytes=0).as_tuple()
+        cfg = qcomm.QuantConfig(min_bytes=0).encoded()
 
         def make(r):
             gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), r, world, timeout)
@@ -67,7 +67,7 @@ class InProcGroup:
 
     def set_config(self, cfg: qcomm.QuantConfig) -> None:
         for b in self.backends:
-            b.set_config(cfg.as_tuple())
+            b.set_config(cfg.encoded())
 
     def allreduce(self, xs, op: str = "sum"):
         """Allreduce copies of the per-rank tensors `xs`; returns the per-rank outputs."""

@@ -72,17 +72,7 @@ std::string QncclBackend::prefix() const { return rankPrefix(getRank(), getSize(
 void QncclBackend::setConfig(const QuantConfig& config) {
   validateConfig(config);
   std::lock_guard<std::mutex> lock(configMutex_);
-  const QuantConfig& a = config_;
-  const QuantConfig& b = config;
-  // the rotation of each collective as its plan decides it (plan.h rotatesCall): with rotate
-  // unset a reduce-scatter and an all-gather rotate by their own phase's bits
-  bool rotation = false;
-  for (int32_t c : {kAllreduce, kReduceScatter, kAllGather}) {
-    rotation = rotation || rotatesCall(a, c) != rotatesCall(b, c);
-  }
-  if (a.rsBits != b.rsBits || a.agBits != b.agBits || a.groupSize != b.groupSize ||
-      a.symmetric != b.symmetric || a.minBytes != b.minBytes || rotation ||
-      a.stochasticRounding != b.stochasticRounding) {
+  if (!sameTuningKey(config_, config)) {
     // the table was measured with other bits, groups or min_bytes: it no longer says what is
     // fastest, and the cache file is keyed by the config the group was created with
     std::lock_guard<std::mutex> t(tuningMutex_);

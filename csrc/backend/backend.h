@@ -1,4 +1,5 @@
-// QncclBackend: the c10d::Backend registered as "qnccl". An eligible allreduce runs a quantized
+// QncclBackend: the c10d::Backend registered as "qnccl". An eligible allreduce, and an eligible
+// reduce-scatter or all-gather where the group's config opts in (sharded.cpp), runs a quantized
 // plan; every other call passes through, unchanged, to the inner Gloo (CPU) or NCCL (CUDA) backend.
 #pragma once
 

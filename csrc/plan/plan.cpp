@@ -41,6 +41,18 @@ bool rotatesCall(const QuantConfig& cfg, int32_t collective) {
   return (collective == kReduceScatter ? cfg.rsBits : cfg.agBits) == 4;
 }
 
+bool sameTuningKey(const QuantConfig& a, const QuantConfig& b) {
+  bool same = true;
+#define QCOMM_SAME_KEY(type, member, name, value, key) \
+  same = same && (!(key) || a.member == b.member);
+  QCOMM_CONFIG_FIELDS(QCOMM_SAME_KEY)
+#undef QCOMM_SAME_KEY
+  for (int32_t c : {kAllreduce, kReduceScatter, kAllGather}) {
+    same = same && rotatesCall(a, c) == rotatesCall(b, c);
+  }
+  return same;
+}
+
 ChunkRange Plan::chunk(int c) const {
   const int64_t begin = std::min<int64_t>(int64_t(c) * chunkElems, numel);
   return {begin, std::min<int64_t>(chunkElems, numel - begin)};

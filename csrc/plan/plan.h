@@ -118,6 +118,10 @@ struct CallFacts {
 // is 4 and an all-gather where ag_bits is 4 (the codec the call ships).
 bool rotatesCall(const QuantConfig& cfg, int32_t collective);
 
+// Whether the tuning table measured under `a` still says what is fastest under `b`: every field
+// that keys the table (config.h QCOMM_CONFIG_FIELDS) alike, and every collective rotated alike.
+bool sameTuningKey(const QuantConfig& a, const QuantConfig& b);
+
 // `table`: the group's tuning table, consulted where cfg.algorithm is auto (none: not tuned).
 Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* table = nullptr);
 

@@ -1,54 +1,71 @@
-// QuantConfig to and from Python: the tuple of QuantConfig.as_tuple() (qcomm/config.py), and the
-// dict QuantConfig.from_dict reads.
+// QuantConfig to and from Python, by field name: the dict of QuantConfig.encoded()
+// (qcomm/config.py), and the dict QuantConfig.from_dict reads.
 #pragma once
 
+#include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
 
 #include <cmath>
+#include <string>
 
 #include "plan/config.h"
 #include "plan/tuning.h"
 
 namespace qcomm {
 
-inline QuantConfig configFromTuple(const pybind11::tuple& cfg) {
+// A config from Python: a dict of every field by its Python name, encoded as
+// qcomm.QuantConfig.encoded() gives it (algorithm code, bits 0 for none, rotate -1 for unset).
+// Never by position: a missing or unknown field is a ValueError naming it.
+inline QuantConfig configFrom(const pybind11::handle& obj) {
+  namespace py = pybind11;
+  TORCH_CHECK_VALUE(py::isinstance<py::dict>(obj),
+                    "[qcomm] a config is passed as a dict of its fields "
+                    "(qcomm.QuantConfig.encoded()), got ",
+                    std::string(py::str(obj.get_type())));
+  const py::dict d = py::reinterpret_borrow<py::dict>(obj);
   QuantConfig c;
-  c.algorithm = cfg[0].cast<int>();
-  c.rsBits = cfg[1].cast<int>();
-  c.agBits = cfg[2].cast<int>();
-  c.groupSize = cfg[3].cast<int>();
-  c.symmetric = cfg[4].cast<bool>();
-  c.minBytes = cfg[5].cast<int64_t>();
-  c.microshards = cfg[6].cast<int>();
-  c.rotate = cfg[7].cast<int>();  // -1: rotates() decides
-  c.stochasticRounding = cfg[8].cast<bool>();
-  c.tune = cfg[9].cast<bool>();
-  c.shadow = cfg[10].cast<int>();
-  // the sharded collectives' switches, off where an older tuple has no such fields
-  if (cfg.size() > 12) {
-    c.reduceScatter = cfg[11].cast<bool>();
-    c.allGather = cfg[12].cast<bool>();
+  size_t known = 0;
+#define QCOMM_CONFIG_FROM(type, member, name, value, key)                              \
+  TORCH_CHECK_VALUE(d.contains(name), "[qcomm] the config has no field '", name, "'"); \
+  c.member = d[name].cast<type>();                                                     \
+  ++known;
+  QCOMM_CONFIG_FIELDS(QCOMM_CONFIG_FROM)
+#undef QCOMM_CONFIG_FROM
+  if (d.size() != known) {
+    for (const auto& kv : d) {
+      const std::string k = py::str(kv.first);
+      bool found = false;
+#define QCOMM_CONFIG_NAMED(type, member, name, value, key) found = found || k == name;
+      QCOMM_CONFIG_FIELDS(QCOMM_CONFIG_NAMED)
+#undef QCOMM_CONFIG_NAMED
+      TORCH_CHECK_VALUE(found, "[qcomm] the config has an unknown field '", k, "'");
+    }
   }
   validateConfig(c);
   return c;
 }
 
+// The inverse of configFrom: every field by its Python name.
 inline pybind11::dict configToDict(const QuantConfig& c) {
   pybind11::dict d;
-  d["algorithm"] = c.algorithm;
-  d["rs_bits"] = c.rsBits;
-  d["ag_bits"] = c.agBits;
-  d["group_size"] = c.groupSize;
-  d["symmetric"] = c.symmetric;
-  d["min_bytes"] = c.minBytes;
-  d["microshards"] = c.microshards;
-  d["rotate"] = c.rotate;
-  d["stochastic_rounding"] = c.stochasticRounding;
-  d["tune"] = c.tune;
-  d["shadow"] = c.shadow;
-  d["reduce_scatter"] = c.reduceScatter;
-  d["all_gather"] = c.allGather;
+#define QCOMM_CONFIG_TO(type, member, name, value, key) d[name] = c.member;
+  QCOMM_CONFIG_FIELDS(QCOMM_CONFIG_TO)
+#undef QCOMM_CONFIG_TO
   return d;
+}
+
+// The declaration (plan/config.h QCOMM_CONFIG_FIELDS), in order: name, default (encoded), whether
+// the field keys the tuning table.
+inline pybind11::list configFields() {
+  pybind11::list out;
+  const QuantConfig defaults;
+#define QCOMM_CONFIG_FIELD(type, member, name, value, key)              \
+  out.append(pybind11::dict(pybind11::arg("name") = name,               \
+                            pybind11::arg("default") = defaults.member, \
+                            pybind11::arg("tuning_key") = bool(key)));
+  QCOMM_CONFIG_FIELDS(QCOMM_CONFIG_FIELD)
+#undef QCOMM_CONFIG_FIELD
+  return out;
 }
 
 // A tuning-table entry as qcomm.tuning() gives it and the cache file holds it.

@@ -26,13 +26,13 @@ inline int32_t dtypeCode(at::ScalarType t) {
 // and rotation; else (the fused kernel) two_step only, no rotation. A reduce-scatter or all-gather
 // (`collective`) takes its op by name ("sum", "avg", "premul" with `factor`).
 inline Plan emulatedPlan(const char* what, const std::vector<at::Tensor>& inputs,
-                         const std::vector<at::Tensor>& buffers, pybind11::tuple cfg, bool average,
+                         const std::vector<at::Tensor>& buffers, pybind11::object cfg, bool average,
                          uint32_t callSeq, bool separate = false, int32_t collective = kAllreduce,
                          const std::string& op = "", double factor = 1.0) {
   const int world = int(inputs.size());
   TORCH_CHECK_VALUE(world >= 2 && buffers.size() == inputs.size(), what,
                     ": one input and one buffer per rank, at least 2 ranks");
-  const QuantConfig c = configFromTuple(cfg);
+  const QuantConfig c = configFrom(cfg);
   CallFacts f;
   f.numel = inputs[0].numel();
   f.dtype = dtypeCode(inputs[0].scalar_type());

@@ -101,14 +101,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "every other collective passed through to the inner Gloo or NCCL backend. torch creates it "
       "through qcomm._create; qcomm.backend_of(group) returns it.")
       .def(py::init([](int rank, int size, std::chrono::milliseconds timeout, py::object gloo,
-                       py::object nccl, py::tuple cfg, py::object store, bool disabled,
+                       py::object nccl, py::object cfg, py::object store, bool disabled,
                        int cpuThreads, int checkCalls) {
              c10::intrusive_ptr<c10d::Store> st;
              if (!store.is_none()) {
                st = c10::intrusive_ptr<c10d::Store>::reclaim_copy(store.cast<c10d::Store*>());
              }
              return c10::make_intrusive<QncclBackend>(rank, size, timeout, backendOf(gloo),
-                                                      backendOf(nccl), configFromTuple(cfg), st,
+                                                      backendOf(nccl), configFrom(cfg), st,
                                                       disabled, cpuThreads, checkCalls);
            }),
            py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("gloo"), py::arg("nccl"),
@@ -120,7 +120,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("cuda_ipc_kernels", &QncclBackend::cudaIpcKernels)
       .def("cuda_ipc_profile", &QncclBackend::cudaIpcProfile)
       .def(
-          "set_config", [](QncclBackend& b, py::tuple cfg) { b.setConfig(configFromTuple(cfg)); },
+          "set_config", [](QncclBackend& b, py::object cfg) { b.setConfig(configFrom(cfg)); },
           py::arg("config"))
       .def("get_config", [](const QncclBackend& b) { return configToDict(b.getConfig()); })
       .def("exchange_config", &QncclBackend::exchangeConfig, py::arg("mine"),
@@ -220,6 +220,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // the settings (common/settings.h): every QCOMM_* variable, read by one reader
   m.def("setting_declarations", &declaredSettings, "every QCOMM_* setting, as declared");
+  m.def("config_fields", &configFields,
+        "QuantConfig's fields as declared (plan/config.h): name, default (encoded), tuning_key");
   m.def(
       "setting", [](const std::string& name) { return valueToDict(settings::get(name)); },
       py::arg("name"));

@@ -313,10 +313,10 @@ struct CountingHostCopies : HostCopies {
 // first barrier, and take the backend's abort path (IpcTransport::abandon): their outputs stay
 // as they were.
 std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
-                                           std::vector<at::Tensor> buffers, py::tuple cfg,
+                                           std::vector<at::Tensor> buffers, py::object cfg,
                                            bool average, uint32_t callSeq, int64_t timeoutMs,
                                            std::vector<int> ranks, std::vector<uint32_t> rankSeqs,
-                                           std::vector<py::tuple> rankConfigs,
+                                           std::vector<py::object> rankConfigs,
                                            std::vector<int> abandon) {
   const int world = int(inputs.size());
   TORCH_CHECK_VALUE(rankSeqs.empty() || int(rankSeqs.size()) == world,
@@ -424,7 +424,7 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
 // "premul" with `factor`), an all-gather's W shards. Returns each rank's output: its shard, or
 // the gathered message.
 std::vector<at::Tensor> ipcShardedEmulate(std::vector<at::Tensor> inputs,
-                                          std::vector<at::Tensor> buffers, py::tuple cfg,
+                                          std::vector<at::Tensor> buffers, py::object cfg,
                                           int32_t collective, const std::string& op, double factor,
                                           uint32_t callSeq, int64_t timeoutMs) {
   const char* what = "ipc_sharded_emulate";
@@ -516,6 +516,8 @@ void registerTesting(py::module& m, py::object backendBase) {
         py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0,
         py::arg("partial_out") = py::none(), py::arg("out") = py::none());
   m.def("noise_salt", &noiseSalt, py::arg("call_seq"), py::arg("rank"), py::arg("phase"));
+  // a config to C++ and back, by name (python/convert.h)
+  m.def("config_round_trip", [](py::object cfg) { return configToDict(configFrom(cfg)); });
   m.def("cast_from_float", &castFloat, py::arg("x"), py::arg("dtype"));
   m.def("cast_to_float", &castToFloatT, py::arg("x"));
   // the CPU codec loops' instruction set, switched (tests and benchmarks compare them; users set
@@ -537,7 +539,7 @@ void registerTesting(py::module& m, py::object backendBase) {
   // call of `numel` elements of `dtype` would have on `world` ranks
   m.def(
       "plan_fingerprint",
-      [](py::tuple cfg, int64_t numel, at::ScalarType dtype, bool average, uint32_t callSeq,
+      [](py::object cfg, int64_t numel, at::ScalarType dtype, bool average, uint32_t callSeq,
          int world) {
         CallFacts f;
         f.numel = numel;
@@ -545,7 +547,7 @@ void registerTesting(py::module& m, py::object backendBase) {
         f.opSum = !average;
         f.opAvg = average;
         f.world = world;
-        Plan plan = makePlan(f, configFromTuple(cfg));
+        Plan plan = makePlan(f, configFrom(cfg));
         plan.callSeq = callSeq;
         return planFingerprint(plan);
       },
@@ -625,7 +627,7 @@ void registerTesting(py::module& m, py::object backendBase) {
         py::arg("config"), py::arg("average") = false, py::arg("call_seq") = 0,
         py::arg("timeout_ms") = 60000, py::arg("ranks") = std::vector<int>{},
         py::arg("rank_seqs") = std::vector<uint32_t>{},
-        py::arg("rank_configs") = std::vector<py::tuple>{},
+        py::arg("rank_configs") = std::vector<py::object>{},
         py::arg("abandon") = std::vector<int>{});
   m.def("ipc_sharded_emulate", &ipcShardedEmulate, py::arg("inputs"), py::arg("buffers"),
         py::arg("config"), py::arg("collective"), py::arg("op") = "sum", py::arg("factor") = 1.0,

@@ -28,8 +28,9 @@ namespace {
 // CPU tensor per rank) over `buffers` (one zeroed byte tensor per rank, kept by the caller
 // across calls so epochs carry on).
 std::vector<at::Tensor> ipcEmulate(std::vector<at::Tensor> inputs, std::vector<at::Tensor> buffers,
-                                   py::tuple cfg, bool average, uint32_t callSeq, int64_t timeoutMs,
-                                   std::vector<int> ranks, int blocks, int64_t tileElems) {
+                                   py::object cfg, bool average, uint32_t callSeq,
+                                   int64_t timeoutMs, std::vector<int> ranks, int blocks,
+                                   int64_t tileElems) {
   const int world = int(inputs.size());
   const Plan plan = emulatedPlan("ipc_two_step_emulate", inputs, buffers, cfg, average, callSeq);
   std::string why;

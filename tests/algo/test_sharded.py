@@ -190,7 +190,7 @@ def test_plan_gates_and_geometry():
     b = inproc.group(3).backends[0]
     big = torch.zeros(3 * 1000)
     R = dist.ReduceOp
-    b.set_config(_cfg().as_tuple())
+    b.set_config(_cfg().encoded())
     p = b.plan_sharded(1, big, big[:1000], R.SUM)
     assert p["quantize"] and p["chunk_elems"] == 1000 and p["collective"] == "reduce_scatter"
     p = b.plan_sharded(1, big, big[:1000], dist._make_nccl_premul_sum(0.5))
@@ -204,10 +204,10 @@ def test_plan_gates_and_geometry():
         (_cfg(min_bytes=1 << 20), 1, R.SUM, "message below min_bytes"),
     ]
     for cfg, coll, op, reason in cases:
-        b.set_config(cfg.as_tuple())
+        b.set_config(cfg.encoded())
         p = b.plan_sharded(coll, big, big[:1000], op)
         assert not p["quantize"] and reason in p["reason"], (reason, p["reason"])
-    b.set_config(_cfg().as_tuple())
+    b.set_config(_cfg().encoded())
     p = b.plan_sharded(1, big, big[:999], R.SUM)
     assert not p["quantize"] and p["reason"] == "output is not 1/W of the input"
     p = b.plan_sharded(1, big, big[:1000], dist._make_nccl_premul_sum(torch.tensor(0.5)))
@@ -225,11 +225,11 @@ def test_plan_gates_and_geometry():
         (_cfg(rotate=True), 2, True),
         (_cfg(rs_bits=4, rotate=False), 1, False),
     ]:
-        b.set_config(cfg.as_tuple())
+        b.set_config(cfg.encoded())
         p = b.plan_sharded(coll, big, big[:1000], R.SUM)
         assert p["quantize"] and p["rotate"] == rotated, (cfg, coll, p)
         assert p["chunk_elems"] == (1024 if rotated else 1000)
-    b.set_config(_cfg().as_tuple())
+    b.set_config(_cfg().encoded())
 
 
 def test_shadow_mode_records_each_collective_apart():

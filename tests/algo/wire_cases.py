@@ -198,7 +198,7 @@ def run_cases():
                     ins[r].copy_(xs[r][:n])
             else:
                 ins = [x[:n].clone() for x in xs]
-        config = qcomm.QuantConfig(**cfg).as_tuple()
+        config = qcomm.QuantConfig(**cfg).encoded()
         for b in g.backends:
             b.set_config(config)
         for rec in g.inner:

@@ -50,7 +50,7 @@ def _mismatch_worker(rank, world):
     )
     # qcomm.set_config refuses configs that differ (it is collective); the backend's own setter
     # does not, and the call's header is the second line of defence
-    qcomm.backend_of().set_config(qcomm.QuantConfig(min_bytes=0, rs_bits=[8, 4][rank]).as_tuple())
+    qcomm.backend_of().set_config(qcomm.QuantConfig(min_bytes=0, rs_bits=[8, 4][rank]).encoded())
     attempt("config", lambda: dist.all_reduce(torch.ones(1000)))
     # the group is still usable afterwards
     qcomm.set_config(qcomm.QuantConfig(min_bytes=0))

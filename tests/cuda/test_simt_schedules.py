@@ -77,7 +77,7 @@ def _run_calls(tmp_path, build_dir, calls):
         cfg = _config(algorithm, rs, ag, rotate, stochastic)
         xs = _inputs(world, numel, dtype, 400 + i)
         torch.cat(xs).view(torch.uint8).numpy().tofile(str(tmp_path / f"in{i}.bin"))
-        fields = [world, DTYPES[dtype], numel, int(average), i, *cfg.as_tuple()]
+        fields = [world, DTYPES[dtype], numel, int(average), i, *cfg.encoded().values()]
         lines.append(" ".join(str(int(f)) for f in fields))
         want = ref.allreduce(
             xs,
@@ -90,7 +90,7 @@ def _run_calls(tmp_path, build_dir, calls):
         ).out
         cpu = [x.clone() for x in xs]
         bufs = [torch.zeros(300 << 10, dtype=torch.uint8) for _ in range(world)]
-        qcomm._C._testing.ipc_separate_emulate(cpu, bufs, cfg.as_tuple(), average, i)
+        qcomm._C._testing.ipc_separate_emulate(cpu, bufs, cfg.encoded(), average, i)
         expected.append((want, cpu))
     (tmp_path / "cases.txt").write_text("\n".join(lines) + "\n")
     rc, out = run_script(
@@ -183,11 +183,11 @@ def _run_sharded_calls(tmp_path, build_dir, calls):
         numel = shard * world
         xs = _inputs(world, numel if coll == 1 else shard, dtype, 700 + i)
         torch.cat(xs).view(torch.uint8).numpy().tofile(str(tmp_path / f"in{i}.bin"))
-        fields = [world, DTYPES[dtype], numel, int(op == "avg"), i, *cfg.as_tuple(), coll]
+        fields = [world, DTYPES[dtype], numel, int(op == "avg"), i, *cfg.encoded().values(), coll]
         lines.append(" ".join(str(int(f)) for f in fields) + f" {factor or 0!r}")
         bufs = [torch.zeros(300 << 10, dtype=torch.uint8) for _ in range(world)]
         cpu = qcomm._C._testing.ipc_sharded_emulate(
-            xs, bufs, cfg.as_tuple(), coll, op, factor or 1.0, i
+            xs, bufs, cfg.encoded(), coll, op, factor or 1.0, i
         )
         if coll == 1:
             res = ref.reduce_scatter(

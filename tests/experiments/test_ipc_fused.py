@@ -92,7 +92,7 @@ def _emulate(
     cfg = ipc.two_step(rs, ag, symmetric, stochastic).replace(rotate=False)
     outs = [x.clone() for x in xs]
     qcomm._C._testing.ipc_two_step_emulate(
-        outs, bufs, cfg.as_tuple(), average, seq, blocks=blocks, tile_elems=tile
+        outs, bufs, cfg.encoded(), average, seq, blocks=blocks, tile_elems=tile
     )
     return outs
 
@@ -158,7 +158,7 @@ def test_ipc_protocol_emulated_reports_a_missing_rank_instead_of_hanging():
     cfg = qcomm.QuantConfig(algorithm="two_step", min_bytes=0)
     with pytest.raises(RuntimeError, match=r"timed out in the reduce phase waiting for rank 2"):
         qcomm._C._testing.ipc_two_step_emulate(
-            [x.clone() for x in xs], bufs, cfg.as_tuple(), timeout_ms=300, ranks=[0, 1]
+            [x.clone() for x in xs], bufs, cfg.encoded(), timeout_ms=300, ranks=[0, 1]
         )
     # the abort word is set in every rank's buffer: the peers stop at once, not after a time-out
     assert all(b[64:68].view(torch.int32).item() == 1 for b in bufs)

@@ -1,10 +1,13 @@
 """Configuration: validation messages, environment parsing, precedence, per-group settings."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import qcomm
+from qcomm import _C, _tuning
 from qcomm import config as qc
 
 from dist_util import run_ranks
@@ -96,7 +99,7 @@ def test_rotate_left_unset_rotates_where_a_phase_has_4_bits():
         (None, None, False),
     ):
         c = qcomm.QuantConfig(rs_bits=rs, ag_bits=ag)
-        assert c.rotate is None and c.rotates is want and c.as_tuple()[7] == -1, (rs, ag)
+        assert c.rotate is None and c.rotates is want and c.encoded()["rotate"] == -1, (rs, ag)
     # resolved from the fields as they are: replace() turns it on and off
     c = qcomm.QuantConfig()
     assert c.replace(rs_bits=4).rotates and not c.replace(rs_bits=4).replace(rs_bits=8).rotates
@@ -131,12 +134,12 @@ def test_resolve_precedence_and_types(monkeypatch):
 
 def test_cpp_validation_matches_python():
     # the C++ side rejects what Python rejects, even if Python's check is bypassed
-    bad = (0, 6, 8, 128, False, 0, 4, False, False, False, 0)  # rs_bits 6
-    with pytest.raises(ValueError, match="rs_bits"):
-        qcomm._C.QncclBackend(0, 1, __import__("datetime").timedelta(seconds=5), None, None, bad)
-    bad = (0, 8, 8, 128, False, 0, 4, False, False, False, -1)  # shadow -1
-    with pytest.raises(ValueError, match="shadow"):
-        qcomm._C.QncclBackend(0, 1, __import__("datetime").timedelta(seconds=5), None, None, bad)
+    good = qcomm.QuantConfig().encoded()
+    timeout = __import__("datetime").timedelta(seconds=5)
+    for knob, value in (("rs_bits", 6), ("shadow", -1)):
+        bad = {**good, knob: value}
+        with pytest.raises(ValueError, match=knob):
+            qcomm._C.QncclBackend(0, 1, timeout, None, None, bad)
 
 
 def _precedence_worker(rank, world):
@@ -209,3 +212,61 @@ def test_set_config_takes_a_dict_as_pg_options_does():
     for got, refused in run_ranks(_set_config_dict_worker, 1):
         assert got == qcomm.QuantConfig(algorithm="ring", rs_bits=4, tune=False), got
         assert "QuantConfig or a dict" in refused, refused
+
+
+def test_the_dataclass_the_declaration_and_the_settings_agree():
+    # csrc/plan/config.h QCOMM_CONFIG_FIELDS is the one declaration: the dataclass has exactly its
+    # fields, in its order, with its defaults; every field has its QCOMM_* setting; a config
+    # crosses to C++ and back by name, unchanged
+    declared = _C.config_fields()
+    names = [f["name"] for f in declared]
+    assert names == [f.name for f in dataclasses.fields(qcomm.QuantConfig)]
+    assert tuple(names) == qc.FIELDS
+    encoded = qcomm.QuantConfig(tune=True).encoded()  # tune's Python default follows QCOMM_TUNE
+    assert list(encoded) == names
+    for f in declared:
+        assert encoded[f["name"]] == f["default"], f
+    assert sorted(qc.ENV_VARS.values()) == sorted(names)
+    keyed = sorted(f["name"] for f in declared if f["tuning_key"])
+    assert keyed == [
+        "ag_bits",
+        "group_size",
+        "min_bytes",
+        "rs_bits",
+        "stochastic_rounding",
+        "symmetric",
+    ]
+    cfg = qcomm.QuantConfig(algorithm="ring", rs_bits=4, ag_bits=None, rotate=False, shadow=3)
+    assert _C._testing.config_round_trip(cfg.encoded()) == cfg.encoded()
+    assert qcomm.QuantConfig.from_dict(cfg.encoded()) == cfg
+
+
+def test_a_config_crosses_by_name_only():
+    cfg = qcomm.QuantConfig().encoded()
+    with pytest.raises(ValueError, match="passed as a dict"):
+        _C._testing.config_round_trip(tuple(cfg.values()))
+    with pytest.raises(ValueError, match="no field 'shadow'"):
+        _C._testing.config_round_trip({k: v for k, v in cfg.items() if k != "shadow"})
+    with pytest.raises(ValueError, match="unknown field 'bits'"):
+        _C._testing.config_round_trip({**cfg, "bits": 8})
+
+
+def test_the_tuning_key_follows_the_declaration():
+    # every field declared as keying the table changes the cache key; the others do not
+    base = qcomm.QuantConfig(tune=True)
+    key = _tuning.cache_key(base, 2, ["h", "h"], 1, "v")
+    changed = {
+        "rs_bits": 4,
+        "ag_bits": None,
+        "group_size": 64,
+        "symmetric": True,
+        "min_bytes": 0,
+        "stochastic_rounding": True,
+        "shadow": 5,
+        "microshards": 2,
+        "reduce_scatter": True,
+    }
+    for name, value in changed.items():
+        other = _tuning.cache_key(base.replace(**{name: value}), 2, ["h", "h"], 1, "v")
+        keyed = name in {f["name"] for f in _C.config_fields() if f["tuning_key"]}
+        assert (other != key) == keyed, name

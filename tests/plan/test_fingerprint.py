@@ -11,7 +11,7 @@ fingerprint = qcomm._C._testing.plan_fingerprint
 
 
 def _cfg(**kw):
-    return qcomm.QuantConfig(**{"min_bytes": 0, **kw}).as_tuple()
+    return qcomm.QuantConfig(**{"min_bytes": 0, **kw}).encoded()
 
 
 def test_equal_calls_have_equal_fingerprints():

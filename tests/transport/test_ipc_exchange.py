@@ -44,7 +44,7 @@ def test_ipc_exchange_geometry_fits_the_buffer(world):
 def _emulate_separate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0):
     cfg = two_step(rs, ag, symmetric, stochastic)
     outs = [x.clone() for x in xs]
-    qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.as_tuple(), average, seq)
+    qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.encoded(), average, seq)
     return outs
 
 
@@ -84,7 +84,7 @@ def test_ipc_separate_kernels_emulated_rotate_as_the_reference(world):
         cfg = two_step(rs, ag, stochastic=sr).replace(rotate=True)
         xs = inputs(world, n, dtype, 70 + i)
         outs = [x.clone() for x in xs]
-        qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.as_tuple(), avg, i)
+        qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.encoded(), avg, i)
         want = ref.allreduce(
             xs, "two_step", rs, ag, average=avg, rotate=True, stochastic_seq=i if sr else None
         ).out
@@ -126,7 +126,7 @@ def test_ipc_separate_kernels_emulated_rings_match_the_reference(algorithm, worl
             )
             xs = inputs(world, n, dtype, 90 + seq)
             outs = [x.clone() for x in xs]
-            qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.as_tuple(), avg, seq)
+            qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.encoded(), avg, seq)
             want = ref.allreduce(
                 xs,
                 algorithm,
@@ -182,7 +182,7 @@ def test_ipc_separate_kernels_emulated_sharded_calls_match_the_reference(world):
         xs = inputs(world, shard * world, dtype, 300 + seq)
         before = [x.clone() for x in xs]
         outs = qcomm._C._testing.ipc_sharded_emulate(
-            xs, bufs, cfg.as_tuple(), 1, op, factor or 1.0, seq
+            xs, bufs, cfg.encoded(), 1, op, factor or 1.0, seq
         )
         want = ref.reduce_scatter(
             xs, algorithm, bits, op=op, factor=factor, stochastic_seq=seq if sr else None,
@@ -197,7 +197,7 @@ def test_ipc_separate_kernels_emulated_sharded_calls_match_the_reference(world):
             continue  # the gather phase is the same whatever the config's algorithm
         shards = [x[:shard].clone() for x in xs]
         outs = qcomm._C._testing.ipc_sharded_emulate(
-            shards, bufs, cfg.as_tuple(), 2, "sum", 1.0, seq
+            shards, bufs, cfg.encoded(), 2, "sum", 1.0, seq
         )
         want = ref.all_gather(shards, 12 - bits, rotate=False).out
         for r, o in enumerate(outs):
@@ -221,7 +221,7 @@ def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging(
         r"waiting for rank 2",
     ):
         qcomm._C._testing.ipc_separate_emulate(
-            [x.clone() for x in xs], bufs, cfg.as_tuple(), timeout_ms=300, ranks=[0, 1]
+            [x.clone() for x in xs], bufs, cfg.encoded(), timeout_ms=300, ranks=[0, 1]
         )
     # the abort word is set in every rank's buffer: the peers stop at once, not after a time-out
     assert all(b[64:68].view(torch.int32).item() == 1 for b in bufs)
@@ -241,7 +241,7 @@ def test_ipc_separate_kernels_emulated_stop_at_once_when_a_rank_abandons_its_cal
     t0 = time.monotonic()
     with pytest.raises(RuntimeError) as e:
         qcomm._C._testing.ipc_separate_emulate(
-            outs, bufs, cfg.as_tuple(), timeout_ms=timeout_ms, abandon=[2]
+            outs, bufs, cfg.encoded(), timeout_ms=timeout_ms, abandon=[2]
         )
     took = time.monotonic() - t0
     msg = str(e.value)
@@ -268,7 +268,7 @@ def test_ipc_separate_kernels_emulated_refuse_a_mismatched_call_on_every_rank(al
     cases = {
         "numel": dict(numels=[20000, 20001, 20000]),
         "dtype": dict(dtypes=[torch.float32, torch.float32, torch.bfloat16]),
-        "bits": dict(rank_configs=[other_bits.as_tuple()] + [cfg.as_tuple()] * 2),
+        "bits": dict(rank_configs=[other_bits.encoded()] + [cfg.encoded()] * 2),
         "call number": dict(rank_seqs=[5, 5, 6]),
     }
     for what, case in cases.items():
@@ -281,7 +281,7 @@ def test_ipc_separate_kernels_emulated_refuse_a_mismatched_call_on_every_rank(al
             qcomm._C._testing.ipc_separate_emulate(
                 outs,
                 bufs,
-                cfg.as_tuple(),
+                cfg.encoded(),
                 call_seq=5,
                 timeout_ms=60000,
                 rank_seqs=case.get("rank_seqs", []),
@@ -298,7 +298,7 @@ def test_ipc_separate_kernels_emulated_refuse_a_mismatched_call_on_every_rank(al
         # it before that, naming this error)
         with pytest.raises(RuntimeError, match="a peer gave up|disagree"):
             qcomm._C._testing.ipc_separate_emulate(
-                [inputs(1, 100, torch.float32, 9)[0] for _ in range(world)], bufs, cfg.as_tuple()
+                [inputs(1, 100, torch.float32, 9)[0] for _ in range(world)], bufs, cfg.encoded()
             )
 
 

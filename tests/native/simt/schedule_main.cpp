@@ -11,9 +11,9 @@
 // qcomm/reference.py is tests/cuda/test_simt_schedules.py's.
 //
 // DIR/cases.txt holds one call per line:
-//   world dtype numel average seq algorithm rs ag group sym min_bytes microshards rotate sr tune
-//   shadow [reduce_scatter all_gather [collective factor]]
-// (dtype 0 fp32, 1 fp16, 2 bf16; then qcomm.QuantConfig.as_tuple(); collective 0 allreduce, 1
+//   world dtype numel average seq <the config's fields> [collective factor]
+// (dtype 0 fp32, 1 fp16, 2 bf16; the fields as integers in their declared order, plan/config.h
+// QCOMM_CONFIG_FIELDS, as qcomm.QuantConfig.encoded() lists them; collective 0 allreduce, 1
 // reduce-scatter, 2 all-gather; factor: a reduce-scatter's PREMUL_SUM factor, 0 for none). Call i
 // reads DIR/in<i>.bin (world inputs, rank after rank: numel elements each, an all-gather's
 // numel / world) and writes DIR/out<i>.bin (the ranks' results in the same layout: numel
@@ -58,21 +58,20 @@ struct Case {
 
 bool parse(const std::string& line, Case* c) {
   std::istringstream in(line);
-  int average = 0, sym = 0, sr = 0, tune = 0;
-  in >> c->world >> c->dtype >> c->numel >> average >> c->seq >> c->cfg.algorithm >>
-      c->cfg.rsBits >> c->cfg.agBits >> c->cfg.groupSize >> sym >> c->cfg.minBytes >>
-      c->cfg.microshards >> c->cfg.rotate >> sr >> tune >> c->cfg.shadow;
+  int average = 0;
+  in >> c->world >> c->dtype >> c->numel >> average >> c->seq;
   c->average = average != 0;
-  c->cfg.symmetric = sym != 0;
-  c->cfg.stochasticRounding = sr != 0;
-  c->cfg.tune = tune != 0;
-  if (!in) return false;
-  int rsOn = 0, agOn = 0;
-  if (in >> rsOn >> agOn) {
-    c->cfg.reduceScatter = rsOn != 0;
-    c->cfg.allGather = agOn != 0;
-    if (in >> c->collective) in >> c->factor;
+  // the config's fields in their declared order (QuantConfig.encoded().values())
+#define QCOMM_READ_FIELD(type, member, name, value, key) \
+  {                                                      \
+    int64_t v = 0;                                       \
+    in >> v;                                             \
+    c->cfg.member = static_cast<type>(v);                \
   }
+  QCOMM_CONFIG_FIELDS(QCOMM_READ_FIELD)
+#undef QCOMM_READ_FIELD
+  if (!in) return false;
+  if (in >> c->collective) in >> c->factor;
   return true;
 }
 
