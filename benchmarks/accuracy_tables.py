@@ -32,11 +32,11 @@ import textwrap
 import time
 import zlib
 
+import qbench
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+ROOT = qbench.ROOT
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # inproc: the tests' in-process ranks
 
 import inproc  # noqa: E402
 
@@ -146,9 +146,8 @@ def mean(vals) -> float:
 
 
 def table(header, rows) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
+    """A Markdown table (the library's)."""
+    return qbench.md_table(header, rows)
 
 
 def split_table(header, rows, key: int, first: int) -> str:

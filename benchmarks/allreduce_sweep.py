@@ -24,8 +24,9 @@ host than it has GPUs) there is no NCCL baseline and no NCCL transport, the spee
 "-" and a footer line says that the cross-GPU part needs 2+ GPUs, one per rank; ranks that share a
 GPU run by time-slicing, so their times are not those of a multi-GPU run (``cuda_plan``).
 
-Each is measured as in ``python -m qcomm.bench`` (it reuses that module's runner): a fresh copy of
-the same deterministic input per call, a barrier, one call timed on every rank, the max over ranks;
+Each is measured as in the main job, benchmarks/allreduce_bench.py (the library's runner,
+qbench.Runner): a fresh copy of the same deterministic input per call, a barrier, one call timed on
+every rank, the max over ranks;
 --warmup untimed calls, then --iters timed ones (--small-iters below --small-size, where calls are
 cheap and noisy; at most --large-iters from --large-size on, to bound the run time). A call's time
 is the host clock around it on CPU and CUDA events around it on the rank's stream on GPUs. time_us
@@ -66,17 +67,11 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _path in (ROOT, HERE):  # qcomm and cost_model; the spawned ranks inherit sys.path
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from qcomm import bench  # noqa: E402
+import qbench  # (and cost_model) from this folder, on sys.path; the spawned ranks inherit it
 
 DEFAULT_SIZES = {"cpu": "4K,16K,64K,256K,1M,4M,16M,64M,256M", "cuda": "1M,4M,16M,64M,256M,1G"}
 DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
-DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "out")
+DEFAULT_OUT = os.path.join(qbench.ROOT, "benchmarks", "out")
 BASELINES = {"cpu": "gloo", "cuda": "nccl"}  # the exact allreduce of each device's rows
 BASELINE_NAMES = {"gloo": "Gloo", "nccl": "NCCL"}
 TRANSPORTS = ("ipc", "nccl")
@@ -138,24 +133,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--sizes",
-        type=bench.parse_sizes,
+        type=qbench.parse_sizes,
         default=None,
         help="message sizes in bytes, K/M/G = 2^10/2^20/2^30 (default "
         f"{DEFAULT_SIZES['cpu']} on cpu, {DEFAULT_SIZES['cuda']} on cuda)",
     )
     p.add_argument(
         "--dtype",
-        choices=sorted(bench.DTYPES),
+        choices=sorted(qbench.DTYPES),
         default=None,
         help="default fp32 (cpu), bf16 (cuda)",
     )
     p.add_argument(
         "--algorithms",
-        type=bench.parse_algorithms,
+        type=qbench.parse_algorithms,
         default=["two_step", "ring", "semi_ring"],
         help="comma-separated (default two_step,ring,semi_ring)",
     )
-    bench.add_codec_args(p)
+    qbench.add_codec_args(p)
     p.add_argument(
         "--transports",
         type=parse_transports,
@@ -186,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--large-size",
-        type=bench.parse_size,
-        default=bench.parse_size("256M"),
+        type=qbench.parse_size,
+        default=qbench.parse_size("256M"),
         help="sizes from this one on use --large-iters (default 256M)",
     )
     p.add_argument(
@@ -199,11 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--small-size",
-        type=bench.parse_size,
-        default=bench.parse_size("1M"),
+        type=qbench.parse_size,
+        default=qbench.parse_size("1M"),
         help="sizes below this one use --small-iters (default 1M)",
     )
-    bench.add_run_args(p)
+    qbench.add_run_args(p)
     p.add_argument(
         "--csv",
         metavar="PATH",
@@ -231,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Fills the device's defaults in and refuses, through the parser, what could not run."""
     if a.sizes is None:
-        a.sizes = bench.parse_sizes(DEFAULT_SIZES[a.device])
+        a.sizes = qbench.parse_sizes(DEFAULT_SIZES[a.device])
     if a.dtype is None:
         a.dtype = DEFAULT_DTYPE[a.device]
     if a.device == "cpu" and (a.transports or a.predict):
@@ -258,14 +253,14 @@ def check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--warmup must be >= 0")
     if a.threads < 1:
         p.error("--threads must be at least 1")
-    eb = bench.ELEM_BYTES[a.dtype]
+    eb = qbench.ELEM_BYTES[a.dtype]
     for s in a.sizes:
         if s % eb:
             p.error(f"size {s} is not a multiple of the {a.dtype} element size ({eb} bytes)")
     try:
         for algo in a.algorithms:
             for rs, ag in a.bits:
-                bench.make_config(a, algo, rs, ag)
+                qbench.make_config(a, algo, rs, ag)
     except ValueError as e:
         p.error(str(e))
 
@@ -357,12 +352,12 @@ def prediction(algorithm, bits, count, opts, world, link, costs):
     if algo == BASELINES["cuda"]:
         if bits != opts.dtype:  # the bf16 row with its casts: not modelled
             return None
-        p = cm.nccl_ring(count, bench.ELEM_BYTES[opts.dtype], world, link, costs)
+        p = cm.nccl_ring(count, qbench.ELEM_BYTES[opts.dtype], world, link, costs)
         return p.serial_us, p.overlap_us
     rs, ag = (None if b == "none" else int(b) for b in bits.split("/"))
     if algo not in cm.ALGORITHMS or rs is None or ag is None:
         return None
-    cfg = bench.make_config(opts, algo, rs, ag)
+    cfg = qbench.make_config(opts, algo, rs, ag)
     p = cm.predict(
         algo, count, world, link, costs, rs, ag, cfg.group_size, cfg.symmetric, cfg.microshards
     )
@@ -452,7 +447,7 @@ class _Sweep:
             self.device = torch.device("cpu")
             self.base_group = gloo
             self.groups = [("", None)]  # the default group, over Gloo
-        self.runner = bench._Runner(rank, world, gloo)
+        self.runner = qbench.Runner(rank, world, gloo)
         self.link = self.costs = None
         if self.lead and opts.predict and self.cuda and not plan.shared:
             import cost_model as cm
@@ -463,15 +458,8 @@ class _Sweep:
         per_size = len(opts.algorithms) * len(opts.bits) * len(self.groups) + bases
         self.progress = Progress(opts, per_size) if self.lead else None
         self.rows = []
-        self.csv_file = self.writer = None
-        if self.lead and opts.csv:
-            os.makedirs(os.path.dirname(os.path.abspath(opts.csv)), exist_ok=True)
-            self.csv_file = open(opts.csv, "w", newline="")
-            fields = (
-                COLUMNS + ["allreduce_only_us"] + (PRED_COLUMNS if self.costs is not None else [])
-            )
-            self.writer = csv.DictWriter(self.csv_file, fieldnames=fields, extrasaction="ignore")
-            self.writer.writeheader()
+        fields = COLUMNS + ["allreduce_only_us"] + (PRED_COLUMNS if self.costs is not None else [])
+        self.csv = qbench.CsvLog(opts.csv if self.lead else None, fields, extrasaction="ignore")
 
     def _transport_groups(self) -> list:
         """[(transport, qnccl group)] for each transport of the plan: QCOMM_TRANSPORT set to it for
@@ -481,7 +469,7 @@ class _Sweep:
 
         import qcomm
 
-        cfg = bench.make_config(self.opts, "two_step", 8, 8)
+        cfg = qbench.make_config(self.opts, "two_step", 8, 8)
         saved = os.environ.get("QCOMM_TRANSPORT")
         groups = []
         try:
@@ -503,8 +491,7 @@ class _Sweep:
         return groups
 
     def close(self):
-        if self.csv_file is not None:
-            self.csv_file.close()
+        self.csv.close()
 
     def _mark(self):
         """A point in time: the host clock (CPU), or an event recorded on the current stream."""
@@ -553,14 +540,8 @@ class _Sweep:
         return self._max_over_ranks(whole), self._max_over_ranks(alone), mism
 
     def _max_over_ranks(self, seconds: list) -> list:
-        import torch
-        import torch.distributed as dist
-
-        if not seconds:
-            return []
-        t = torch.tensor(seconds[self.opts.warmup :], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.gloo)
-        return t.tolist()
+        """The timed calls' (after the warm-up) slowest rank's seconds."""
+        return qbench.slowest(seconds[self.opts.warmup :], self.gloo)
 
     def run_size(self, size: int) -> None:
         import torch
@@ -569,19 +550,19 @@ class _Sweep:
         import qcomm
 
         opts, world = self.opts, self.world
-        dtype = getattr(torch, bench.DTYPES[opts.dtype])
-        count = size // bench.ELEM_BYTES[opts.dtype]
+        dtype = getattr(torch, qbench.DTYPES[opts.dtype])
+        count = size // qbench.ELEM_BYTES[opts.dtype]
         iters = iters_for(opts, size)
         calls = opts.warmup + iters
         bus = 2 * (world - 1) / world
-        inp = bench.make_input(opts.seed, self.rank, count, dtype).to(self.device)
+        inp = qbench.make_input(opts.seed, self.rank, count, dtype).to(self.device)
         buf = torch.empty_like(inp)
         scratch = torch.empty_like(buf.view(torch.uint8))
         exact = None
         if self.lead:  # the float64 sum of every rank's input, regenerated from the seeds
             exact = inp.double()
             for r in range(1, world):
-                exact += bench.make_input(opts.seed, r, count, dtype).to(self.device).double()
+                exact += qbench.make_input(opts.seed, r, count, dtype).to(self.device).double()
         dist.barrier(group=self.gloo)
         ctx = dict(size=size, count=count, iters=iters, inp=inp, buf=buf, scratch=scratch)
         ctx["exact"] = exact
@@ -612,14 +593,14 @@ class _Sweep:
         for transport, group in self.groups:
             for algo in opts.algorithms:
                 for rs, ag in opts.bits:
-                    qcomm.set_config(bench.make_config(opts, algo, rs, ag), group=group)
+                    qcomm.set_config(qbench.make_config(opts, algo, rs, ag), group=group)
                     before = qcomm.stats(group)
                     times, _, mism = self._measure(ctx, group)
                     after = qcomm.stats(group)
                     wire = (after["wire_bytes"] - before["wire_bytes"]) // calls
                     quantized = after["quantized_calls"] - before["quantized_calls"]
                     label = f"{algo}@{transport}" if transport else algo
-                    row = self._row(ctx, label, bench.bits_label((rs, ag)), times, mism, wire)
+                    row = self._row(ctx, label, qbench.bits_label((rs, ag)), times, mism, wire)
                     note = "" if quantized == calls else f"; only {quantized}/{calls} quantized"
                     self._finish(row, base, note)
 
@@ -628,7 +609,7 @@ class _Sweep:
         if not self.lead:
             return None
         t_us = statistics.median(times) * 1e6
-        rel, mx = bench._errors(ctx["buf"], ctx["exact"])
+        rel, mx = qbench.errors(ctx["buf"], ctx["exact"])
         algbw = ctx["size"] / (t_us * 1e-6) / 1e9
         row = dict(
             size=ctx["size"],
@@ -661,9 +642,7 @@ class _Sweep:
         row["speedup_exact"] = base["exact"] / row["time_us"] if "exact" in base else None
         row["speedup_bf16"] = base["bf16"] / row["time_us"] if "bf16" in base else None
         self.rows.append(row)
-        if self.writer is not None:
-            self.writer.writerow(format_row(row, csv_form=True))
-            self.csv_file.flush()
+        self.csv.add(format_row(row, csv_form=True))
         name = BASELINE_NAMES[self.base_name]
         sp = []
         if row["speedup_exact"] is not None:
@@ -672,7 +651,7 @@ class _Sweep:
             sp.append(f"x{row['speedup_bf16']:.2f} vs {name} bf16")
         sp = f" ({', '.join(sp)})" if sp else ""
         self.progress.step(
-            f"{bench.size_label(row['size'])} {row['algorithm']} {row['bits']}: "
+            f"{qbench.size_label(row['size'])} {row['algorithm']} {row['bits']}: "
             f"{row['time_us']:.1f} us{sp}, rel_err {row['rel_err']:.2e}, "
             f"identical {'yes' if row['identical'] else 'NO'}{note}"
         )
@@ -730,21 +709,22 @@ def format_table(rows: list) -> str:
     lines = [[format_row(r)[c] for c in columns] for r in rows]
     # an empty line between sizes
     breaks = {i for i in range(1, len(rows)) if rows[i]["size"] != rows[i - 1]["size"]}
-    return bench.align_table(columns, lines, _LEFT, breaks)
+    return qbench.align_table(columns, lines, _LEFT, breaks)
 
 
 def header_lines(opts, plan=None) -> list:
-    cfg = bench.make_config(opts, opts.algorithms[0], *opts.bits[0])
+    cfg = qbench.make_config(opts, opts.algorithms[0], *opts.bits[0])
     iters = f"iters={opts.iters}"
     other = []
     if any(iters_for(opts, s) != opts.iters for s in opts.sizes if s < opts.small_size):
         other.append(
-            f"{iters_for(opts, 1)} below {bench.size_label(opts.small_size)}, where calls are "
+            f"{iters_for(opts, 1)} below {qbench.size_label(opts.small_size)}, where calls are "
             "cheap and noisy"
         )
     if any(iters_for(opts, s) < opts.iters for s in opts.sizes if s >= opts.large_size):
         other.append(
-            f"{opts.large_iters} from {bench.size_label(opts.large_size)} on, to keep the run short"
+            f"{opts.large_iters} from {qbench.size_label(opts.large_size)} on, to keep the run "
+            "short"
         )
     if other:
         iters += " (" + "; ".join(other) + ")"
@@ -758,7 +738,7 @@ def header_lines(opts, plan=None) -> list:
             if plan is None
             else f"torchrun ranks on CUDA, {plan.local_world} a host, {plan.gpus} GPUs a host"
         ),
-        *bench.system_lines(),
+        *qbench.system_lines(),
     ]
     if plan is not None:
         import torch
@@ -768,7 +748,7 @@ def header_lines(opts, plan=None) -> list:
             f"transports: {', '.join(plan.transports)}"
         )
     lines += [
-        "# load average at start " + " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "# load average at start " + qbench.load_average(),
         f"# world={opts.world} dtype={opts.dtype} threads/rank={opts.threads} {iters} "
         f"warmup={opts.warmup} group_size={cfg.group_size} symmetric={cfg.symmetric} "
         f"microshards={cfg.microshards} min_bytes=0 seed={opts.seed}",
@@ -798,7 +778,7 @@ def footer_lines(rows: list) -> list:
         if _is_base(r) and r.get("allreduce_only_us") is not None:
             casts = r["time_us"] - r["allreduce_only_us"]
             out.append(
-                f"#   {bench.size_label(r['size'])}: {r['algorithm']} bf16 {r['time_us']:.1f} us "
+                f"#   {qbench.size_label(r['size'])}: {r['algorithm']} bf16 {r['time_us']:.1f} us "
                 f"= allreduce {r['allreduce_only_us']:.1f} us + casts {casts:.1f} us"
             )
     if out:
@@ -818,7 +798,7 @@ def footer_lines(rows: list) -> list:
 def _size_ticks(ax, sizes):
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes)
-    ax.set_xticklabels([bench.size_label(s) for s in sizes])
+    ax.set_xticklabels([qbench.size_label(s) for s in sizes])
     ax.minorticks_off()
 
 
@@ -1030,7 +1010,7 @@ def report(rows: list, opts, elapsed: float) -> int:
     ok = all(r["identical"] for r in rows)
     if not ok:
         print("# FAIL: some outputs were not bit-identical across ranks")
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = qbench.load_average()
     print(f"# {len(rows)} rows in {_clock(elapsed)} (m:ss); load average at the end {load}")
     return 0 if ok else 1
 
@@ -1053,7 +1033,7 @@ def _run_torchrun(parser, opts, rank: int, world: int) -> int:
     dist.init_process_group(
         qcomm.BACKEND,
         timeout=datetime.timedelta(seconds=opts.timeout),
-        pg_options=bench.make_config(opts, opts.algorithms[0], *opts.bits[0]),
+        pg_options=qbench.make_config(opts, opts.algorithms[0], *opts.bits[0]),
     )
     gloo = dist.new_group(backend="gloo")
     plan = agreed_plan(opts, world, gloo) if opts.device == "cuda" else None
@@ -1099,16 +1079,15 @@ def main(argv=None) -> int:
         )
 
     import qcomm
-    from qcomm.spawn import run_ranks
 
     print("\n".join(header_lines(opts)), flush=True)
     t0 = time.perf_counter()
-    results = run_ranks(
+    results = qbench.run_ranks(
         sweep_rank,
         opts.world,
         opts,
         backend=qcomm.BACKEND,
-        pg_options=bench.make_config(opts, opts.algorithms[0], *opts.bits[0]),
+        pg_options=qbench.make_config(opts, opts.algorithms[0], *opts.bits[0]),
         timeout=opts.timeout,
         threads=opts.threads,
         env={"OMP_NUM_THREADS": str(opts.threads)},

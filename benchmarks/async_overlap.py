@@ -19,32 +19,26 @@ Needs root (ip netns, tc). Example:
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import slow_cluster  # noqa: E402  (its namespaces and rate limits)
+import qbench  # the namespaces and rate limits, the timing
 
 
 def worker(args) -> int:
     import torch
     import torch.distributed as dist
 
-    sys.path.insert(0, ROOT)
     import qcomm
 
     rank, world = args.rank, args.world
-    ctl = slow_cluster.join(args)
+    ctl = qbench.join(args)
     q = dist.new_group(
         backend="qnccl", pg_options=qcomm.QuantConfig(rs_bits=8, ag_bits=8, tune=False)
     )
-    n = slow_cluster._parse_size(args.size) // 4
+    n = qbench.parse_size(args.size) // 4
     x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
     a = torch.randn(256, 256)
 
@@ -55,23 +49,14 @@ def worker(args) -> int:
         return y
 
     def slowest(dt):
-        t = torch.tensor([dt], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctl)
-        return float(t)
+        return qbench.slowest(dt, ctl)
 
     # calibrate: T (the median of three synchronous calls), then matmul repetitions that take T:
     # a first guess from 20 repetitions, rescaled once from a run of that many (rank 0's count,
     # shared). A single short timing, taken while the peer still finished its call, came out up to
     # 1.7x off.
     def median_of(n, fn):
-        ts = []
-        for _ in range(n):
-            buf = x.clone()
-            dist.barrier(group=ctl)
-            t0 = time.perf_counter()
-            fn(buf)
-            ts.append(slowest(time.perf_counter() - t0))
-        return statistics.median(ts)
+        return statistics.median([qbench.timed_call(fn, ctl, x.clone) for _ in range(n)])
 
     dist.all_reduce(x.clone(), group=q)
     T = median_of(3, lambda b: dist.all_reduce(b, group=q))
@@ -148,15 +133,12 @@ def worker(args) -> int:
             f"rank, allreduce, compute), {floor / med['sync+compute']:.3f} of sync+compute"
         )
         if args.csv:
-            with open(args.csv, "w", newline="") as f:
-                wr = csv.writer(f)
-                wr.writerow(
-                    ["what", "median_s", "min_s", "max_s", "cpu_median_s", "rate", "size", "world"]
-                )
-                for k, v in times.items():
-                    wr.writerow(
-                        [k, med[k], min(v), max(v), med_cpu[k], args.rate, args.size, world]
-                    )
+            head = ["what", "median_s", "min_s", "max_s", "cpu_median_s", "rate", "size", "world"]
+            rows = [
+                [k, med[k], min(v), max(v), med_cpu[k], args.rate, args.size, world]
+                for k, v in times.items()
+            ]
+            qbench.write_csv(args.csv, rows, head)
     dist.destroy_process_group(q)
     dist.destroy_process_group(ctl)
     dist.destroy_process_group()
@@ -165,12 +147,12 @@ def worker(args) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    slow_cluster.add_cluster_args(ap, port=29585, timeout=1800, delay=False)
+    qbench.add_cluster_args(ap, port=29585, timeout=1800, delay=False)
     ap.add_argument("--size", default="64M")
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--csv", default=None)
-    return slow_cluster.dispatch(ap, __file__, worker)
+    return qbench.dispatch(ap, __file__, worker)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,13 @@ allreduce.
    has, csrc/codec/codec_cpu_isa.h), the same calls again with each one's loops
    (qcomm._C._testing.set_cpu_isa), in a table side by side; the first table is the default's
    (QCOMM_CPU_ISA, else the widest).
-2. Where the time of a quantized allreduce goes (unless --no-allreduce): ``python -m qcomm.bench``
-   at --allreduce-size (default 64M) on 2 CPU ranks over loopback (its CSV rows), against the codec
-   work each rank does in that allreduce (elements encoded and decoded per rank, from the
-   algorithms' schedules for 2 ranks) timed at the net single-core rates of part 1 (fp32, the
-   allreduce's bits, asymmetric, largest size). The rest is transport (Gloo over loopback TCP, whose
-   kernel copies share the same 2 cores), waiting, buffer allocation and first touch.
+2. Where the time of a quantized allreduce goes (unless --no-allreduce): the main job
+   (benchmarks/allreduce_bench.py) at --allreduce-size (default 64M) on 2 CPU ranks over loopback
+   (its CSV rows), against the codec work each rank does in that allreduce (elements encoded and
+   decoded per rank, from the algorithms' schedules for 2 ranks) timed at the net single-core rates
+   of part 1 (fp32, the allreduce's bits, asymmetric, largest size). The rest is transport (Gloo
+   over loopback TCP, whose kernel copies share the same 2 cores), waiting, buffer allocation and
+   first touch.
 
 Prints Markdown tables.
 """
@@ -45,11 +46,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import qbench
 
-from qcomm import bench  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Elements encoded and decoded by each rank in one allreduce of N elements on 2 ranks (fractions of
 # N), from csrc/algo/two_step.cpp, ring.cpp, semi_ring.cpp and gather.cpp:
@@ -95,8 +94,8 @@ def microbench(opts) -> list:
     for size in opts.sizes:
         base = torch.randn(size // 4, generator=gen)  # the same values for every dtype
         for dname in ("fp32", "bf16"):
-            dtype = getattr(torch, bench.DTYPES[dname])
-            n = size // bench.ELEM_BYTES[dname]
+            dtype = getattr(torch, qbench.DTYPES[dname])
+            n = size // qbench.ELEM_BYTES[dname]
             x = base.to(dtype) if dname == "fp32" else torch.randn(n, generator=gen).to(dtype)
             out = torch.empty_like(x)
             copy_s = timeit(lambda out=out, x=x: out.copy_(x), opts.min_time)
@@ -164,7 +163,7 @@ def microbench(opts) -> list:
                             _C._testing.set_cpu_isa(before)
                         r["isa"][isa] = (max(e_s - zeros_s, 1e-12), max(d_s - dec_alloc_s, 1e-12))
                     print(
-                        f"[codec] {bench.size_label(size)} {dname} {bits}-bit "
+                        f"[codec] {qbench.size_label(size)} {dname} {bits}-bit "
                         f"{'sym' if sym else 'asym'}: encode {gbps(size, enc_s):.2f} GB/s "
                         f"(net {gbps(size, r['enc_net_s']):.2f}), decode {gbps(size, dec_s):.2f} "
                         f"GB/s (net {gbps(size, r['dec_net_s']):.2f}), copy "
@@ -223,8 +222,8 @@ def one_core_bench(opts) -> list:
     for size in opts.sizes:
         base = torch.randn(size // 4, generator=gen) * 2 + 0.1
         for dname, bits, gs in ONE_CORE_CASES:
-            dtype = getattr(torch, bench.DTYPES[dname])
-            n = size // bench.ELEM_BYTES[dname]
+            dtype = getattr(torch, qbench.DTYPES[dname])
+            n = size // qbench.ELEM_BYTES[dname]
             x = base.to(dtype) if dname == "fp32" else torch.randn(n, generator=gen).to(dtype)
             enc = _C._testing.codec_encode(x, bits, gs, False)
             # a second rank's copy of the same chunk, for two_step's sum of the copies
@@ -375,44 +374,43 @@ def streamed_bench(opts) -> list:
 
 
 def streamed_table(rows: list) -> str:
-    lines = [
-        "| isa | output | cache | plain ms | streamed ms | plain / streamed (range) |",
-        "|---|---|---|---|---|---|",
-    ]
+    head = ["isa", "output", "cache", "plain ms", "streamed ms", "plain / streamed (range)"]
+    lines = []
     for row in rows:
         plain = statistics.median(m[0] for m in row["ms"])
         streamed = statistics.median(m[1] for m in row["ms"])
-        v = row["ratio"]
+        med, lo, hi = qbench.spread(row["ratio"])
         lines.append(
-            f"| {row['isa']} | {row['mib']} MiB | {'cold' if row['cold'] else 'hot'} | "
-            f"{plain:.3f} | {streamed:.3f} | {statistics.median(v):.2f} "
-            f"({min(v):.2f}-{max(v):.2f}) |"
+            [
+                row["isa"],
+                f"{row['mib']} MiB",
+                "cold" if row["cold"] else "hot",
+                f"{plain:.3f}",
+                f"{streamed:.3f}",
+                f"{med:.2f} ({lo:.2f}-{hi:.2f})",
+            ]
         )
-    return "\n".join(lines)
+    return qbench.md_table(head, lines)
 
 
 def one_core_table(rows: list) -> str:
     """Median GB/s (min-max over rounds) per column, and encode over copy."""
 
     def cell(v):
-        return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+        return "{:.2f} ({:.2f}-{:.2f})".format(*qbench.spread(v))
 
-    lines = [
-        "| size | input | bits | group | isa | encode GB/s | decode GB/s | hop GB/s | copy GB/s "
-        "| encode/copy | sum of 2 copies: 2 decodes / 1 pass |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    head = ["size", "input", "bits", "group", "isa", "encode GB/s", "decode GB/s", "hop GB/s"]
+    head += ["copy GB/s", "encode/copy", "sum of 2 copies: 2 decodes / 1 pass"]
+    lines = []
     for r in rows:
         ratio = statistics.median(r["enc"]) / statistics.median(r["copy"])
-        sum_cell = f"{statistics.median(r['sum']):.2f}x" if r["sum"] else "-"
-        if r["sum"]:
-            sum_cell += f" ({min(r['sum']):.2f}-{max(r['sum']):.2f})"
+        sum_cell = "{:.2f}x ({:.2f}-{:.2f})".format(*qbench.spread(r["sum"])) if r["sum"] else "-"
         lines.append(
-            f"| {bench.size_label(r['size'])} | {r['dtype']} | {r['bits']} | {r['group']} | "
-            f"{r['isa']} | {cell(r['enc'])} | {cell(r['dec'])} | {cell(r['hop'])} | "
-            f"{cell(r['copy'])} | {ratio:.2f} | {sum_cell} |"
+            [qbench.size_label(r["size"]), r["dtype"], r["bits"], r["group"], r["isa"]]
+            + [cell(r["enc"]), cell(r["dec"]), cell(r["hop"]), cell(r["copy"])]
+            + [f"{ratio:.2f}", sum_cell]
         )
-    return "\n".join(lines)
+    return qbench.md_table(head, lines)
 
 
 def rotation_bench(opts) -> list:
@@ -431,8 +429,8 @@ def rotation_bench(opts) -> list:
     t = _C._testing
     for size in opts.sizes:
         for dname in ("fp32", "bf16"):
-            dtype = getattr(torch, bench.DTYPES[dname])
-            n = size // bench.ELEM_BYTES[dname] // gs * gs
+            dtype = getattr(torch, qbench.DTYPES[dname])
+            n = size // qbench.ELEM_BYTES[dname] // gs * gs
             x = torch.randn(n, generator=gen).to(dtype)
             pre = torch.empty(n, dtype=torch.float32)
             dec_alloc_s = max(
@@ -484,7 +482,7 @@ def rotation_bench(opts) -> list:
                     rows.append(row)
                     e, d = row["encode"], row["decode"]
                     print(
-                        f"[rotation] {bench.size_label(size)} {dname} {bits}-bit "
+                        f"[rotation] {qbench.size_label(size)} {dname} {bits}-bit "
                         f"{'sym' if sym else 'asym'}: encode {e[0]:.2f} -> {e[1]:.2f} GB/s "
                         f"({e[2]:.2f}x), decode {d[0]:.2f} -> {d[1]:.2f} GB/s ({d[2]:.2f}x)",
                         file=sys.stderr,
@@ -497,20 +495,20 @@ def rotation_table(rows: list) -> str:
     head = ["size", "input", "bits", "scale"]
     for kind in ("encode", "decode"):
         head += [f"{kind} net GB/s", f"{kind} rotated", f"{kind} ratio (min-max)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for r in rows:
         cells = row_label(r)
         for kind in ("encode", "decode"):
             plain, rot, med, lo, hi = r[kind]
             cells += [f"{plain:.2f}", f"{rot:.2f}", f"{med:.2f}x ({lo:.2f}-{hi:.2f})"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return qbench.md_table(head, lines)
 
 
 def row_label(r: dict) -> list:
     """The first cells of a codec row: size, input dtype, bits, scale."""
     return [
-        bench.size_label(r["size"]),
+        qbench.size_label(r["size"]),
         r["dtype"],
         str(r["bits"]),
         "sym" if r["symmetric"] else "asym",
@@ -533,7 +531,7 @@ def codec_table(rows: list) -> str:
         "encode net / copy",
         "decode net / copy",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for r in rows:
         s = r["size"]
         cells = [
@@ -548,8 +546,8 @@ def codec_table(rows: list) -> str:
             f"{r['copy_s'] / r['enc_net_s']:.3f}",
             f"{r['copy_s'] / r['dec_net_s']:.3f}",
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return qbench.md_table(head, lines)
 
 
 def isa_table(rows: list, isas: list) -> str:
@@ -560,7 +558,7 @@ def isa_table(rows: list, isas: list) -> str:
     wide = isas[-1]
     if "generic" in isas and wide != "generic":
         head += [f"encode {wide} / generic", f"decode {wide} / generic"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for r in rows:
         s = r["size"]
         t = r["isa"]
@@ -572,22 +570,21 @@ def isa_table(rows: list, isas: list) -> str:
                 f"{t['generic'][0] / t[wide][0]:.2f}x",
                 f"{t['generic'][1] / t[wide][1]:.2f}x",
             ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return qbench.md_table(head, lines)
 
 
 def run_bench(opts) -> list:
-    """qcomm.bench's rows (as read back from its CSV) for the allreduce profile."""
+    """The main job's rows (as read back from its CSV) for the allreduce profile."""
     with tempfile.TemporaryDirectory(prefix="qcomm-codec-") as tmp:
         path = os.path.join(tmp, "rows.csv")
         cmd = [
             sys.executable,
-            "-m",
-            "qcomm.bench",
+            os.path.join(HERE, "allreduce_bench.py"),
             "--world",
             "2",
             "--sizes",
-            bench.size_label(opts.allreduce_size),
+            qbench.size_label(opts.allreduce_size),
             "--bits",
             opts.allreduce_bits,
             "--group-size",
@@ -598,8 +595,9 @@ def run_bench(opts) -> list:
             path,
         ]
         print("[allreduce] " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+        root = qbench.ROOT
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        subprocess.run(cmd, check=True, cwd=root, env=env, stdout=subprocess.DEVNULL)
         with open(path, newline="") as f:
             return list(csv.DictReader(f))
 
@@ -623,7 +621,7 @@ def profile_table(bench_rows: list, codec_rows: list) -> str:
         "codec share",
         "rest ms",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for br in bench_rows:
         algo = br["algorithm"]
         rs, ag = (int(b) for b in br["bits"].split("/"))
@@ -643,16 +641,16 @@ def profile_table(bench_rows: list, codec_rows: list) -> str:
             f"{(enc + dec) / t:.0%}",
             f"{(t - enc - dec) * 1e3:.1f}",
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return qbench.md_table(head, lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
         "--sizes",
-        type=bench.parse_sizes,
-        default=bench.parse_sizes("1M,64M"),
+        type=qbench.parse_sizes,
+        default=qbench.parse_sizes("1M,64M"),
         help="message sizes in input bytes (default 1M,64M)",
     )
     ap.add_argument("--group-size", type=int, default=128, help="elements per scale (default 128)")
@@ -662,8 +660,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-allreduce", action="store_true", help="skip the allreduce profile")
     ap.add_argument(
         "--allreduce-size",
-        type=bench.parse_size,
-        default=bench.parse_size("64M"),
+        type=qbench.parse_size,
+        default=qbench.parse_size("64M"),
         help="message size of the allreduce profile (default 64M)",
     )
     ap.add_argument(
@@ -730,12 +728,11 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     start = time.perf_counter()
     print(
-        f"# codec_throughput: {bench.cpu_model()}, {os.cpu_count()} logical cores, "
+        f"# codec_throughput: {qbench.cpu_model()}, {os.cpu_count()} logical cores, "
         f"torch {torch.__version__}, 1 thread (torch.get_num_threads() = "
         f"{torch.get_num_threads()}), group size {opts.group_size}, qcomm CUDA kernels compiled: "
         f"{qcomm.compiled_with_cuda()}, codec loops {_C.cpu_isa()} (this CPU: "
-        f"{', '.join(have)}), load average at start "
-        + " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        f"{', '.join(have)}), load average at start " + qbench.load_average(),
         flush=True,
     )
     if opts.streamed:
@@ -820,10 +817,11 @@ def main(argv=None) -> int:
         print(isa_table(rows, isas), flush=True)
     if not opts.no_allreduce:
         bench_rows = run_bench(opts)
-        size_ref = bench.size_label(max(opts.sizes))
+        size_ref = qbench.size_label(max(opts.sizes))
         print(
-            f"\n## Where a quantized allreduce's time goes: {bench.size_label(opts.allreduce_size)}"
-            f" fp32, 2 ranks, loopback (python -m qcomm.bench, median of "
+            "\n## Where a quantized allreduce's time goes: "
+            f"{qbench.size_label(opts.allreduce_size)} fp32, 2 ranks, loopback "
+            f"(benchmarks/allreduce_bench.py, median of "
             f"{opts.allreduce_iters}, max over ranks)\n"
         )
         print(profile_table(bench_rows, rows))
@@ -834,7 +832,7 @@ def main(argv=None) -> int:
             "'rest' is transport (loopback TCP: kernel copies on the same cores), waiting for the "
             "peer, buffer allocation and first touch, Python."
         )
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = qbench.load_average()
     print(f"\n# {time.perf_counter() - start:.1f} s; load average at the end {load}", flush=True)
     return 0
 

@@ -22,9 +22,9 @@ import sys
 import textwrap
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import qbench  # (this checkout's qcomm first on sys.path) the tables
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(HERE))  # the repository's qcomm, when run as a script
 DEFAULT_CSV = os.path.join(HERE, "data", "h200_codec_kernels.csv")
 MIB = 1 << 20
 ALGORITHMS = ("two_step", "ring", "semi_ring")
@@ -415,10 +415,8 @@ def render(rows: List[List[str]], markdown: bool) -> str:
         tables = []
         for cols in MD_TABLES:
             idx = [COLUMNS.index(c) for c in cols]
-            lines = ["| " + " | ".join(MD_HEADERS.get(c, c) for c in cols) + " |"]
-            lines += ["|" + "---|" * len(cols)]
-            lines += ["| " + " | ".join(r[i] for i in idx) + " |" for r in rows]
-            tables.append("\n".join(lines))
+            head = [MD_HEADERS.get(c, c) for c in cols]
+            tables.append(qbench.md_table(head, [[r[i] for i in idx] for r in rows]))
         return "\n\n".join(tables)
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
     fmt = "  ".join(f"{{:>{w}}}" for w in widths)

@@ -28,16 +28,14 @@ back to back and the host's launch overhead is not timed.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 
+import qbench
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import qcomm  # noqa: E402
-from qcomm import _C  # noqa: E402
+import qcomm
+from qcomm import _C
 
 # name, settings, the kernels it changes
 VARIANTS = (
@@ -114,22 +112,17 @@ class Table:
     flushed as it is added: a later failure keeps the rows before it."""
 
     def __init__(self, head, path):
-        self.file = open(path, "w", newline="") if path else None  # noqa: SIM115
-        self.csv = csv.writer(self.file) if self.file else None
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head), flush=True)
-        self.add(head, echo=False)
+        self.csv = qbench.CsvLog(path, head, dicts=False)
+        print(qbench.md_head(head), flush=True)
 
     def add(self, row, echo=True, to_csv=True):
         if echo:
-            print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
-        if self.csv and to_csv:
-            self.csv.writerow(row)
-            self.file.flush()
+            print(qbench.md_row(row), flush=True)
+        if to_csv:
+            self.csv.add(row)
 
     def close(self):
-        if self.file:
-            self.file.close()
+        self.csv.close()
 
 
 def codec_kernels(x):

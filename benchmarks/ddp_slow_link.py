@@ -26,17 +26,12 @@ Needs root (ip netns, tc). Example:
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import slow_cluster  # noqa: E402  (its namespaces and rate limits)
+import qbench  # the namespaces and rate limits, the timing, the tables
 
 VARIANTS = ("gloo", "bf16_hook", "int8", "int4", "int8_blocking")
 EXTRA = ("int8_defaults",)
@@ -71,11 +66,10 @@ def worker(args) -> int:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    sys.path.insert(0, ROOT)
     import qcomm
 
     rank, world = args.rank, args.world
-    ctl = slow_cluster.join(args)  # barriers and timings: never the groups timed
+    ctl = qbench.join(args)  # barriers and timings: never the groups timed
     groups = {
         "gloo": dist.new_group(backend="gloo"),
         "bf16_hook": dist.new_group(backend="gloo"),
@@ -134,20 +128,15 @@ def worker(args) -> int:
             models[v] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3))
         solo = _model(args.width, args.layers)
         models["compute_only"] = (solo, torch.optim.SGD(solo.parameters(), lr=1e-3))
-        times = {k: [] for k in models}
-        cpu = {k: [] for k in models}  # CPU seconds of the rank's process (all its threads)
-        for it in range(args.warmup + args.steps):
-            for k, (m, opt) in models.items():
-                dist.barrier(group=ctl)
-                c0, t0 = time.process_time(), time.perf_counter()
-                compute_step(m, opt, x)
-                dt = torch.tensor(
-                    [time.perf_counter() - t0, time.process_time() - c0], dtype=torch.float64
-                )
-                dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=ctl)
-                if it >= args.warmup:
-                    times[k].append(float(dt[0]))
-                    cpu[k].append(float(dt[1]))
+
+        def measure(k, models=models, x=x):
+            # [wall, CPU seconds of the rank's process (all its threads)], the slowest rank's
+            m, opt = models[k]
+            return qbench.timed_call(lambda: compute_step(m, opt, x), ctl, cpu=True)
+
+        got = qbench.interleave(list(models), measure, args.steps, args.warmup)
+        times = {k: [s[0] for s in v] for k, v in got.items()}
+        cpu = {k: [s[1] for s in v] for k, v in got.items()}
         med = {k: statistics.median(v) for k, v in times.items()}
         for k, v in times.items():
             rows.append(
@@ -178,28 +167,31 @@ def worker(args) -> int:
             f"rank, {os.cpu_count()} cores; {args.steps} steps each (+{args.warmup} warm-up), "
             "interleaved; median (min-max) of the slowest rank's step"
         )
-        print(
-            "| regime | batch | variant | step s | vs Gloo fp32 | vs bf16 hook | vs compute "
-            f"| CPU s of a rank | CPU / {cores:g} core(s) a rank, vs compute |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|")
+        head = ["regime", "batch", "variant", "step s", "vs Gloo fp32", "vs bf16 hook"]
+        head += ["vs compute", "CPU s of a rank", f"CPU / {cores:g} core(s) a rank, vs compute"]
+        cells = []
         for r in rows:
             compute_s = next(
                 q["median_s"]
                 for q in rows
                 if q["regime"] == r["regime"] and q["variant"] == "compute_only"
             )
-            print(
-                f"| {r['regime']} | {r['batch']} | {r['variant']} | {r['median_s']:.3f} "
-                f"({r['min_s']:.3f}-{r['max_s']:.3f}) | {r['vs_gloo']:.2f} | "
-                f"{r['vs_bf16_hook']:.2f} | {r['vs_compute']:.2f} | {r['cpu_s']:.3f} "
-                f"| {r['cpu_s'] / cores / compute_s:.2f} |"
+            cells.append(
+                [
+                    r["regime"],
+                    r["batch"],
+                    r["variant"],
+                    f"{r['median_s']:.3f} ({r['min_s']:.3f}-{r['max_s']:.3f})",
+                    f"{r['vs_gloo']:.2f}",
+                    f"{r['vs_bf16_hook']:.2f}",
+                    f"{r['vs_compute']:.2f}",
+                    f"{r['cpu_s']:.3f}",
+                    f"{r['cpu_s'] / cores / compute_s:.2f}",
+                ]
             )
+        print(qbench.md_table(head, cells))
         if args.csv:
-            with open(args.csv, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]))
-                w.writeheader()
-                w.writerows(rows)
+            qbench.write_csv(args.csv, rows)
     for g in list(groups.values()) + [ctl]:
         dist.destroy_process_group(g)
     dist.destroy_process_group()
@@ -208,7 +200,7 @@ def worker(args) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    slow_cluster.add_cluster_args(ap, port=29581, timeout=3600)
+    qbench.add_cluster_args(ap, port=29581, timeout=3600)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument(
@@ -231,7 +223,7 @@ def main() -> int:
             os.environ.pop("QCOMM_TUNE_FILE", None)
             os.environ["XDG_CACHE_HOME"] = os.path.abspath(args.cache_dir)
 
-    return slow_cluster.dispatch(ap, __file__, worker, before)
+    return qbench.dispatch(ap, __file__, worker, before)
 
 
 if __name__ == "__main__":

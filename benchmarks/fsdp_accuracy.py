@@ -27,12 +27,10 @@ import os
 import sys
 import time
 
+import qbench
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, os.path.join(qbench.ROOT, "examples"))
 
 import diloco  # noqa: E402  (the model, the text and its batches)
 
@@ -85,7 +83,6 @@ def train(rank: int, world: int, steps: int, seed: int, batch: int, lr: float) -
 
 def main() -> int:
     import qcomm
-    from qcomm.spawn import run_ranks
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--ranks", type=int, default=2)
@@ -101,13 +98,15 @@ def main() -> int:
     results = {}
     for seed in range(a.seeds):
         t0 = time.perf_counter()
-        r = run_ranks(train, a.ranks, a.steps, seed, a.batch, a.lr, backend="gloo", timeout=3600)
+        r = qbench.run_ranks(
+            train, a.ranks, a.steps, seed, a.batch, a.lr, backend="gloo", timeout=3600
+        )
         results[f"exact s{seed}"] = (r[0], time.perf_counter() - t0)
         print(f"exact s{seed}: {r[0]['final']:.4f}", flush=True)
     for name in a.runs.split(","):
         cfg = qcomm.QuantConfig(min_bytes=0, tune=False, **QUANTIZED[name])
         t0 = time.perf_counter()
-        r = run_ranks(train, a.ranks, *args, pg_options=cfg, timeout=3600)
+        r = qbench.run_ranks(train, a.ranks, *args, pg_options=cfg, timeout=3600)
         results[name] = (r[0], time.perf_counter() - t0)
         print(f"{name}: {r[0]['final']:.4f}", flush=True)
     exact = [results[f"exact s{s}"][0]["final"] for s in range(a.seeds)]
@@ -118,14 +117,15 @@ def main() -> int:
         f"lr {a.lr}; exact spread across {a.seeds} seeds: {(max(exact) - min(exact)) / mean:.2%} "
         f"(min {min(exact):.4f}, max {max(exact):.4f})"
     )
-    print("| run | final held-out loss | vs exact s0 | RS quantized | AG quantized | wall s |")
-    print("|---|---|---|---|---|---|")
+    head = ["run", "final held-out loss", "vs exact s0", "RS quantized", "AG quantized", "wall s"]
+    rows = []
     for name, (r, wall) in results.items():
         assert math.isfinite(r["final"]), (name, r)
-        print(
-            f"| {name} | {r['final']:.4f} | {r['final'] / base - 1:+.2%} | {r.get('rs_q', '')} | "
-            f"{r.get('ag_q', '')} | {wall:.0f} |"
+        rows.append(
+            [name, f"{r['final']:.4f}", f"{r['final'] / base - 1:+.2%}", r.get("rs_q", "")]
+            + [r.get("ag_q", ""), f"{wall:.0f}"]
         )
+    print(qbench.md_table(head, rows))
     return 0
 
 

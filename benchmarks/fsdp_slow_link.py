@@ -23,17 +23,10 @@ Needs root (ip netns, tc); --local runs it over loopback without (a smoke test).
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 import statistics
 import sys
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import slow_cluster  # noqa: E402  (its namespaces and rate limits)
+import qbench  # the namespaces and rate limits, the timing, the tables
 
 VARIANTS = ("gloo", "rs8", "rs8_ag8", "rs4")
 
@@ -55,10 +48,9 @@ def worker(args) -> int:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    sys.path.insert(0, ROOT)
     import qcomm
 
-    timing = slow_cluster.join(args, "gloo")
+    timing = qbench.join(args, "gloo")
     variants = args.variants.split(",")
     models, opts, groups = {}, {}, {}
     for v in variants:
@@ -85,32 +77,29 @@ def worker(args) -> int:
         models[v] = model
         opts[v] = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(args.rank))
-    times = {v: [] for v in variants}
-    for i in range(args.warmup + args.steps):
-        for v in variants:
-            dist.barrier(group=timing)
-            t0 = time.perf_counter()
-            loss = models[v](x).float().pow(2).mean()
-            loss.backward()
-            opts[v].step()
-            opts[v].zero_grad()
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=timing)
-            if i >= args.warmup:
-                times[v].append(float(dt))
+
+    def step(v):
+        loss = models[v](x).float().pow(2).mean()
+        loss.backward()
+        opts[v].step()
+        opts[v].zero_grad()
+
+    times = qbench.interleave(
+        variants, lambda v: qbench.timed_call(lambda: step(v), timing), args.steps, args.warmup
+    )
     if args.rank == 0:
         base = statistics.median(times["gloo"]) if "gloo" in times else None
         head = ["variant", "median_s", "min_s", "max_s", "vs_gloo", "rs_quantized", "ag_quantized"]
         rows = []
         for v in variants:
-            med = statistics.median(times[v])
+            med, lo, hi = qbench.spread(times[v])
             by = qcomm.stats(groups[v])["by_collective"] if v != "gloo" else None
             rows.append(
                 [
                     v,
                     f"{med:.3f}",
-                    f"{min(times[v]):.3f}",
-                    f"{max(times[v]):.3f}",
+                    f"{lo:.3f}",
+                    f"{hi:.3f}",
                     f"{med / base:.2f}x" if base else "",
                     by["reduce_scatter"]["quantized_calls"] if by else "",
                     by["all_gather"]["quantized_calls"] if by else "",
@@ -121,22 +110,16 @@ def worker(args) -> int:
             f"{'fp32' if args.fp32 else 'bf16 mixed precision'}, {args.world} ranks, "
             f"{'loopback (--local)' if args.local else args.rate}"
         )
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for r in rows:
-            print("| " + " | ".join(str(c) for c in r) + " |")
+        print(qbench.md_table(head, rows))
         if args.csv:
-            with open(args.csv, "w", newline="") as f:
-                w = csv.writer(f)
-                w.writerow(head)
-                w.writerows(rows)
+            qbench.write_csv(args.csv, rows, head)
     dist.destroy_process_group()
     return 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    slow_cluster.add_cluster_args(ap, port=29588, timeout=1800)
+    qbench.add_cluster_args(ap, port=29588, timeout=1800)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--width", type=int, default=2048)
@@ -146,7 +129,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--csv", default=None)
-    return slow_cluster.dispatch(ap, __file__, worker)
+    return qbench.dispatch(ap, __file__, worker)
 
 
 if __name__ == "__main__":

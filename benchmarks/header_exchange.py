@@ -27,14 +27,9 @@ import statistics
 import sys
 import time
 
+import qbench
 import torch
 import torch.distributed as dist
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-
-from dist_util import run_ranks  # noqa: E402
 
 HEADER_BYTES = 104  # sizeof(PlanHeader): 13 int64 fields (csrc/plan/plan.h)
 
@@ -102,14 +97,12 @@ def _quantiles(xs):
 
 
 def main():
-    import qcomm.bench as bench
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, nargs="+", default=[2])
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument(
         "--share",
-        type=bench.parse_size,
+        type=qbench.parse_size,
         nargs="*",
         default=[],
         help="message sizes (K/M/G) whose quantized allreduce the exchange is timed against",
@@ -118,34 +111,35 @@ def main():
     if args.iters < 10:
         ap.error("--iters must be at least 10")
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}")
-    print("| ranks | header exchange median us | p10 us | p90 us | p99 us |")
-    print("|---|---|---|---|---|")
+    print(qbench.md_head(["ranks", "header exchange median us", "p10 us", "p90 us", "p99 us"]))
     shares = []
     for world in args.world:
         print(f"... {world} ranks, {args.iters} exchanges", file=sys.stderr, flush=True)
-        per_rank = run_ranks(
-            _worker, world, args.iters, args.share, timeout=1200, env={"QCOMM_TUNE": "0"}
+        per_rank = qbench.run_ranks(
+            _worker,
+            world,
+            args.iters,
+            args.share,
+            timeout=1200,
+            env={"QCOMM_TUNE": "0"},
+            start_method="forkserver",
         )
         # a call ends when its slowest rank's does: the per-iteration maximum over ranks
-        worst = sorted(max(ts) for ts in zip(*(r["exchange"] for r in per_rank)))
+        worst = sorted(qbench.per_call_max(r["exchange"] for r in per_rank))
         med, p10, p90, p99 = _quantiles(worst)
-        print(
-            f"| {world} | {med * 1e6:.1f} | {p10 * 1e6:.1f} | {p90 * 1e6:.1f} | {p99 * 1e6:.1f} |"
-        )
+        print(qbench.md_row([world] + [f"{t * 1e6:.1f}" for t in (med, p10, p90, p99)]))
         for size in args.share:
-            rounds = list(zip(*(r["share"][size] for r in per_rank)))
-            hdr = statistics.median(max(p[0] for p in rnd) for rnd in rounds)
-            call = statistics.median(max(p[1] for p in rnd) for rnd in rounds)
+            rounds = [r["share"][size] for r in per_rank]
+            hdr = statistics.median(qbench.per_call_max([p[0] for p in rs] for rs in rounds))
+            call = statistics.median(qbench.per_call_max([p[1] for p in rs] for rs in rounds))
             shares.append((world, size, hdr, call))
     print(f"\nthe fingerprint instead (host, incl. a Python call): {_fingerprint_us():.2f} us")
     if shares:
-        print("\n| ranks | size | header us | quantized allreduce us | header / allreduce |")
-        print("|---|---|---|---|---|")
+        head = ["ranks", "size", "header us", "quantized allreduce us", "header / allreduce"]
+        print("\n" + qbench.md_head(head))
         for world, size, hdr, call in shares:
-            print(
-                f"| {world} | {bench.size_label(size)} | {hdr * 1e6:.1f} | {call * 1e6:.1f} | "
-                f"{hdr / call:.3f} |"
-            )
+            cells = [world, qbench.size_label(size), f"{hdr * 1e6:.1f}", f"{call * 1e6:.1f}"]
+            print(qbench.md_row(cells + [f"{hdr / call:.3f}"]))
         print(
             "(medians of 30 rounds, each the maximum over ranks: one quantized allreduce, two_step"
             " 8/8 fp32, then 10 exchanges, whose mean is the round's header time)"

@@ -23,7 +23,6 @@ and piece.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import os
 import sys
@@ -33,10 +32,9 @@ import threading
 # queue behind a peer's kernel that waits for it (CUDA's default is 8 queues)
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
+import qbench  # noqa: E402  (puts this checkout's qcomm first on sys.path)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import qcomm  # noqa: E402
 
@@ -153,13 +151,8 @@ def main() -> int:
     torch.cuda._sleep(1)
     torch.cuda.synchronize()
     # each row written as it is measured, so a failure at a later size keeps the earlier ones
-    out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115
-    writer = csv.writer(out) if out else None
-    if writer:
-        writer.writerow(
-            ["MiB", "kernel", "bits", "scale", "time_us", "GB/s (read+write)", "x copy"]
-        )
-        out.flush()
+    head = ["MiB", "kernel", "bits", "scale", "time_us", "GB/s (read+write)", "x copy"]
+    out = qbench.CsvLog(args.csv, head, dicts=False)
     shape = ""
     if args.kernels == "fused":
         shape = (
@@ -173,8 +166,8 @@ def main() -> int:
         f"{blocks} blocks per rank, buffers of "
         f"{os.environ.get('QCOMM_IPC_BUFFER_MB', '32')} MiB (QCOMM_IPC_BUFFER_MB)" + shape
     )
-    print("| MiB/rank | bits | time_us | us per MiB of one rank | copy_us (W msgs) | x copy |")
-    print("|---|---|---|---|---|---|")
+    cols = ["MiB/rank", "bits", "time_us", "us per MiB of one rank", "copy_us (W msgs)", "x copy"]
+    print(qbench.md_head(cols))
     for mib in (int(s) for s in args.sizes_mib.split(",")):
         numel = mib * 2**20 // torch.tensor([], dtype=dtype).element_size()
         xs = [torch.randn(numel, device="cuda").to(dtype) for _ in range(world)]
@@ -218,26 +211,22 @@ def main() -> int:
                     times[r] = start.elapsed_time(end) / args.iters * 1e3
 
             on_all(run)
-            t = max(times)
+            t = max(times)  # the slowest rank's
             per_mib = t / (world * mib)
             # the cost model's row: one rank's share of the chip's time (t / W), asym (default)
-            if writer:
-                writer.writerow(
-                    [
-                        mib,
-                        f"{args.kernels}_two_step",
-                        bits,
-                        "asym",
-                        f"{t / world:.1f}",
-                        f"{world * mib * 2**20 / (t * 1e-6) / 1e9:.1f}",
-                        f"{copy_us / t:.2f}",
-                    ]
-                )
-                out.flush()
-            print(
-                f"| {mib} | {bits} | {t:.1f} | {per_mib:.2f} | {copy_us:.1f} | {copy_us / t:.2f} |",
-                flush=True,
+            out.add(
+                [
+                    mib,
+                    f"{args.kernels}_two_step",
+                    bits,
+                    "asym",
+                    f"{t / world:.1f}",
+                    f"{world * mib * 2**20 / (t * 1e-6) / 1e9:.1f}",
+                    f"{copy_us / t:.2f}",
+                ]
             )
+            cells = [mib, bits, f"{t:.1f}", f"{per_mib:.2f}", f"{copy_us:.1f}"]
+            print(qbench.md_row(cells + [f"{copy_us / t:.2f}"]), flush=True)
             if args.profile:
                 print_profile(backends[0].cuda_ipc_profile(), before, f"{mib} MiB {bits}")
             if any(torch.isnan(x.float()).any() for x in xs):
@@ -246,8 +235,7 @@ def main() -> int:
             for x in xs:  # keep magnitudes bounded across repeated in-place sums
                 x.div_(world ** (args.iters + 1))
         del xs, src, dst
-    if out:
-        out.close()
+    out.close()
     return 0
 
 

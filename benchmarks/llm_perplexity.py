@@ -487,7 +487,7 @@ def tp_eval(rank, world, model_path, windows, specs, threads=1):
 def launch(world, *args, timeout=3600):
     """Spawn `world` ranks (a Gloo default group) running tp_eval(rank, world, *args); rank 0's
     result."""
-    from qcomm.spawn import run_ranks
+    from qbench import run_ranks
 
     return run_ranks(tp_eval, world, *args, backend="gloo", timeout=timeout)[0]
 

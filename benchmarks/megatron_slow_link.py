@@ -30,13 +30,8 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import slow_cluster  # noqa: E402  (its namespaces and rate limits)
+import qbench  # the namespaces and rate limits, the timing, the tables
 
 VARIANTS = ("exact", "rs8", "rs8_ag8", "rs4_ag8")
 
@@ -57,8 +52,6 @@ def _config(variant: str, min_bytes: int):
 def worker(args) -> int:
     import torch
     import torch.distributed as dist
-
-    sys.path.insert(0, ROOT)
     from megatron.core import parallel_state as ps
     from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
@@ -66,7 +59,7 @@ def worker(args) -> int:
     import qcomm
     import qcomm.megatron
 
-    timing = slow_cluster.join(args, "qnccl", pg_options=qcomm.QuantConfig(algorithm="none"))
+    timing = qbench.join(args, "qnccl", pg_options=qcomm.QuantConfig(algorithm="none"))
     # Megatron-core's sequence-parallel mappings allocate their buffers on
     # torch.cuda.current_device(); on CPU ranks that device is the CPU
     torch.cuda.current_device = lambda: "cpu"
@@ -111,25 +104,22 @@ def worker(args) -> int:
 
     variants = args.variants.split(",")
     configs = {v: _config(v, args.min_bytes) for v in variants}
-    times = {v: [] for v in variants}
     outs, calls = {}, {v: [0, 0] for v in variants}
-    for i in range(args.warmup + args.steps):
-        for v in variants:
-            qcomm.megatron.quantize_tensor_parallel(configs[v])
-            qcomm.reset_stats(tp)
-            dist.barrier(group=timing)
-            t0 = time.perf_counter()
-            y = step()
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=timing)
-            by = qcomm.stats(tp)["by_collective"]
-            calls[v] = [
-                by["reduce_scatter"]["quantized_calls"],
-                by["all_gather"]["quantized_calls"],
-            ]
-            outs[v] = y
-            if i >= args.warmup:
-                times[v].append(float(dt))
+
+    def measure(v):
+        qcomm.megatron.quantize_tensor_parallel(configs[v])
+        qcomm.reset_stats(tp)
+        y = []
+        dt = qbench.timed_call(lambda: y.append(step()), timing)
+        by = qcomm.stats(tp)["by_collective"]
+        calls[v] = [
+            by["reduce_scatter"]["quantized_calls"],
+            by["all_gather"]["quantized_calls"],
+        ]
+        outs[v] = y[0]
+        return dt
+
+    times = qbench.interleave(variants, measure, args.steps, args.warmup)
     if args.rank == 0:
         base = statistics.median(times["exact"]) if "exact" in times else None
         mib = args.seq * args.batch * args.hidden * 4 / 2**20
@@ -140,16 +130,15 @@ def worker(args) -> int:
             f"{'loopback (--local)' if args.local else args.rate}, {args.steps} steps"
         )
         head = ["variant", "median_s", "min_s", "max_s", "vs_exact", "out_rel_l2", "rs_q", "ag_q"]
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
+        rows = []
         for v in variants:
-            med = statistics.median(times[v])
+            med, lo, hi = qbench.spread(times[v])
             err = ""
             if "exact" in outs:
                 err = f"{float((outs[v] - outs['exact']).norm() / outs['exact'].norm()):.2e}"
-            row = [v, f"{med:.3f}", f"{min(times[v]):.3f}", f"{max(times[v]):.3f}",
-                   f"{med / base:.2f}x" if base else "", err, *calls[v]]  # fmt: skip
-            print("| " + " | ".join(str(c) for c in row) + " |")
+            rows.append([v, f"{med:.3f}", f"{lo:.3f}", f"{hi:.3f}",
+                         f"{med / base:.2f}x" if base else "", err, *calls[v]])  # fmt: skip
+        print(qbench.md_table(head, rows))
     ps.destroy_model_parallel()
     dist.destroy_process_group()
     return 0
@@ -157,7 +146,7 @@ def worker(args) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    slow_cluster.add_cluster_args(ap, port=29599, timeout=1800)
+    qbench.add_cluster_args(ap, port=29599, timeout=1800)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=1024)
@@ -167,7 +156,7 @@ def main() -> int:
     ap.add_argument("--min-bytes", type=int, default=1 << 20, help="QuantConfig.min_bytes")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=1)
-    return slow_cluster.dispatch(ap, __file__, worker)
+    return qbench.dispatch(ap, __file__, worker)
 
 
 if __name__ == "__main__":

@@ -12,20 +12,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import sys
 import time
 
+import qbench
 import torch
 import torch.distributed as dist
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-
-import qcomm  # noqa: E402
-
-from dist_util import run_ranks  # noqa: E402
+import qcomm
 
 
 def _status_mib(field: str) -> float:
@@ -74,12 +68,6 @@ def _worker(rank, world, numel, algos, bits, dtype):
     return rows
 
 
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().rstrip("B")
-    return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--size", default="1G", help="message bytes per rank, e.g. 256M, 1G")
@@ -90,12 +78,14 @@ def main() -> int:
     args = ap.parse_args()
     dtype = DTYPES[args.dtype]
     elem = torch.tensor([], dtype=dtype).element_size()
-    numel = _size(args.size) // elem
+    numel = qbench.parse_size(args.size) // elem
     bits = tuple(None if b == "none" else int(b) for b in args.bits.split("/"))
     algos = args.algorithms.split(",")
     input_mib = numel * elem / 2**20
     print(f"# {args.world} ranks, {input_mib:.0f} MiB {args.dtype} per rank, bits {args.bits}")
-    results = run_ranks(_worker, args.world, numel, algos, bits, dtype, timeout=3600)
+    results = qbench.run_ranks(
+        _worker, args.world, numel, algos, bits, dtype, timeout=3600, start_method="forkserver"
+    )
     print("algorithm  peak_extra_MiB(max over ranks)  x_input  seconds  rel_err   identical")
     ok = True
     for i, algo in enumerate(algos):

@@ -27,65 +27,15 @@ root: a smoke test that the script runs, not a measurement.
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import os
-import statistics
-import subprocess
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PREFIX = "qcomm"
-SUBNET = "10.77.0"
+import qbench
 
-
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
-
-
-def ns_names(world: int):
-    return [f"{PREFIX}-r{i}" for i in range(world)], f"{PREFIX}-sw"
-
-
-def teardown(world: int) -> None:
-    ranks, sw = ns_names(max(world, 8))
-    for ns in ranks + [sw]:
-        sh("ip", "netns", "del", ns, check=False)  # deleting a namespace removes its veths
-
-
-def setup(world: int, rate: str, delay: str | None) -> None:
-    ranks, sw = ns_names(world)
-    sh("ip", "netns", "add", sw)
-    sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
-    sh("ip", "-n", sw, "link", "set", "br0", "up")
-    sh("ip", "-n", sw, "link", "set", "lo", "up")
-    for i, ns in enumerate(ranks):
-        sh("ip", "netns", "add", ns)
-        sh("ip", "-n", ns, "link", "set", "lo", "up")
-        # create the pair inside the rank's namespace, then move the switch end
-        sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}")
-        sh("ip", "-n", ns, "link", "set", f"p{i}", "netns", sw)
-        sh("ip", "-n", ns, "addr", "add", f"{SUBNET}.{i + 1}/24", "dev", "eth0")
-        sh("ip", "-n", ns, "link", "set", "eth0", "up")
-        sh("ip", "-n", sw, "link", "set", f"p{i}", "master", "br0")
-        sh("ip", "-n", sw, "link", "set", f"p{i}", "up")
-        for where, dev in ((ns, "eth0"), (sw, f"p{i}")) if rate != "none" else ():
-            # tbf: rate with a burst of a few ms of traffic, latency bounds the queue
-            args = ["tc", "-n", where, "qdisc", "add", "dev", dev, "root"]
-            if delay:
-                sh(*args, "handle", "1:", "netem", "delay", delay)
-                args = ["tc", "-n", where, "qdisc", "add", "dev", dev, "parent", "1:1"]
-            sh(*args, "tbf", "rate", rate, "burst", "256kb", "latency", "50ms")
-
-
-# ---- the per-rank worker (runs inside a namespace) ----
-
-
-def _parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().rstrip("B")
-    return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
+# the cluster itself is the library's (qbench.cluster); examples/diloco.py starts its ranks through
+# these names of this module
+from qbench import SUBNET, run_workers  # noqa: F401
 
 
 def collective(name: str, x, group=None) -> None:
@@ -107,66 +57,35 @@ def collective(name: str, x, group=None) -> None:
         dist.all_gather_into_tensor(out, x[:n], group=group)
 
 
-def join(args, backend: str = "gloo", pg_options=None):
-    """In a rank's namespace: --threads torch threads, the default group of `backend` through
-    rank 0's address, and a separate Gloo group for the script's barriers and timings (never a
-    group being timed), which it returns."""
-    import torch
-    import torch.distributed as dist
-
-    sys.path.insert(0, ROOT)
-    import qcomm  # noqa: F401  (registers qnccl)
-
-    torch.set_num_threads(args.threads)
-    # rank 0's address in the namespaces; a script's --rate loopback runs its ranks on this host
-    # over 127.0.0.1 instead (run_local)
-    master = getattr(args, "master", None) or f"{SUBNET}.1"
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{master}:{args.port}",
-        rank=args.rank,
-        world_size=args.world,
-        pg_options=pg_options,
-    )
-    return dist.new_group(backend="gloo")
-
-
 def worker(args) -> int:
     import torch
     import torch.distributed as dist
 
-    sys.path.insert(0, ROOT)
     import qcomm
 
     rank = args.rank
-    gloo = join(args, "qnccl", qcomm.QuantConfig(min_bytes=0))
+    gloo = qbench.join(args, "qnccl", qcomm.QuantConfig(min_bytes=0))
     rows = []
 
-    def timed(fn, make):
-        times = []
-        for _ in range(args.warmup + args.iters):
-            t = make()
-            dist.barrier(group=gloo)
-            t0 = time.perf_counter()
-            fn(t)
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
-            times.append(float(dt))
-        times = times[args.warmup :]
-        return statistics.median(times), min(times), max(times)
+    def timed(fn, make, rounds):
+        """`rounds` calls of fn(make()), each timed as the slowest rank's."""
+        return [qbench.timed_call(fn, gloo, make) for _ in range(rounds)]
 
     what_call = args.collective
-    for size in [_parse_size(s) for s in args.sizes.split(",")]:
+    for size in qbench.parse_sizes(args.sizes):
         n = size // 4 // args.world * args.world  # whole shards
         x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
         base = {}
         baselines = (("gloo_fp32", torch.float32), ("gloo_bf16", torch.bfloat16))
         base_samples = {name: [] for name, _ in baselines}
+
+        def exact(t):
+            collective(what_call, t, gloo)
+
         if not args.interleave:
             for name, dtype in baselines:
-                med, lo, hi = timed(
-                    lambda t: collective(what_call, t, gloo), lambda x=x, dtype=dtype: x.to(dtype)
-                )
+                times = timed(exact, lambda x=x, dtype=dtype: x.to(dtype), args.warmup + args.iters)
+                med, lo, hi = qbench.spread(times[args.warmup :])
                 base_samples[name] = None
                 base[name] = med
                 rows.append([size, name, "-", med, lo, hi, "", "", ""])
@@ -224,15 +143,7 @@ def worker(args) -> int:
             qcomm._C._testing.set_cpu_isa(isa)
             qcomm.set_config(cfg)
             before = qcomm.stats()["wire_bytes"]
-            got = []
-            for _ in range(rounds):
-                t = x.clone()
-                dist.barrier(group=gloo)
-                t0 = time.perf_counter()
-                collective(what_call, t)
-                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
-                got.append(float(dt))
+            got = timed(lambda t: collective(what_call, t), x.clone, rounds)
             return got, (qcomm.stats()["wire_bytes"] - before) // rounds
 
         samples = {c[0] + c[1]: [] for c in configs}
@@ -241,34 +152,32 @@ def worker(args) -> int:
             # every config once per round, round after round: drifts of a shared machine's load
             # reach every config alike
             # (Gloo's fp32 and bf16 baselines too, in the same rounds)
-            for i in range(args.warmup + args.iters):
-                for name, dtype in baselines:
-                    t = x.to(dtype)
-                    dist.barrier(group=gloo)
-                    t0 = time.perf_counter()
-                    collective(what_call, t, gloo)
-                    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                    dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=gloo)
-                    if i >= args.warmup:
-                        base_samples[name].append(float(dt))
-                for what, bits, isa, cfg in configs:
-                    got, wires[what + bits] = one_config(x, isa, cfg, 1)
-                    if i >= args.warmup:
-                        samples[what + bits] += got
+            base_dtype = dict(baselines)
+            by_key = {c[0] + c[1]: c for c in configs}
+
+            def measure(key, x=x, base_dtype=base_dtype, by_key=by_key, wires=wires):
+                if key in base_dtype:
+                    return qbench.timed_call(exact, gloo, lambda: x.to(base_dtype[key]))
+                _what, _bits, isa, cfg = by_key[key]
+                got, wires[key] = one_config(x, isa, cfg, 1)
+                return got[0]
+
+            keys = [name for name, _ in baselines] + [c[0] + c[1] for c in configs]
+            got = qbench.interleave(keys, measure, args.iters, args.warmup)
+            base_samples.update((name, got[name]) for name in base_dtype)
+            samples.update((key, got[key]) for key in by_key)
         else:
             for what, bits, isa, cfg in configs:
                 got, wires[what + bits] = one_config(x, isa, cfg, args.warmup + args.iters)
                 samples[what + bits] = got[args.warmup :]
         for name, _ in baselines:
             if base_samples[name]:
-                times = base_samples[name]
-                base[name] = statistics.median(times)
-                rows.append([size, name, "-", base[name], min(times), max(times), "", "", ""])
+                base[name], lo, hi = qbench.spread(base_samples[name])
+                rows.append([size, name, "-", base[name], lo, hi, "", "", ""])
                 if rank == 0:
                     print(f"[{size >> 20} MiB] {name}: {base[name]:.3f} s", file=sys.stderr)
         for what, bits, _isa, _cfg in configs:
-            times = samples[what + bits]
-            med, lo, hi = statistics.median(times), min(times), max(times)
+            med, lo, hi = qbench.spread(samples[what + bits])
             rows.append(
                 [
                     size,
@@ -301,10 +210,8 @@ def worker(args) -> int:
             "vs_bf16",
             "wire_bytes_per_rank",
         ]
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for r in rows:
-            cells = [
+        cells = [
+            [
                 str(r[0]),
                 r[1],
                 r[2],
@@ -315,115 +222,13 @@ def worker(args) -> int:
                 f"{r[7]:.2f}x" if r[7] != "" else "",
                 str(r[8]),
             ]
-            print("| " + " | ".join(cells) + " |")
+            for r in rows
+        ]
+        print(qbench.md_table(head, cells))
         if args.csv:
-            with open(args.csv, "w", newline="") as f:
-                w = csv.writer(f)
-                w.writerow(head)
-                w.writerows(rows)
+            qbench.write_csv(args.csv, rows, head)
     dist.destroy_process_group()
     return 0
-
-
-# ---- the orchestrator ----
-
-
-def run_workers(script: str, world: int, rate: str, delay, argv, timeout: float) -> int:
-    """Runs `script --worker --rank i <argv>` in rank i's namespace of a fresh cluster (torn down
-    afterwards, also on failure or Ctrl-C), Gloo bound to the rank's veth; 0 when every rank
-    exits 0. The scripts that time things over the emulated link (this one, ddp_slow_link.py,
-    async_overlap.py, examples/diloco.py) all start their ranks here."""
-    name = os.path.basename(script)
-    if "--local" in argv:
-        return run_local(script, world, argv, timeout)
-    if os.geteuid() != 0:
-        print(f"{name} needs root (ip netns, tc)", file=sys.stderr)
-        return 2
-    teardown(world)
-    procs = []
-    try:
-        setup(world, rate, delay)
-        ranks, _ = ns_names(world)
-        for i, ns in enumerate(ranks):
-            env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=ROOT)
-            cmd = ["ip", "netns", "exec", ns, sys.executable, os.path.abspath(script)]
-            procs.append(
-                subprocess.Popen(cmd + ["--worker", "--rank", str(i)] + list(argv), env=env)
-            )
-        deadline = time.monotonic() + timeout
-        codes = [p.wait(timeout=max(1, deadline - time.monotonic())) for p in procs]
-        return 0 if all(c == 0 for c in codes) else 1
-    except subprocess.TimeoutExpired:
-        print(f"{name}: ranks did not finish within {timeout} s", file=sys.stderr)
-        return 1
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        teardown(world)
-
-
-def run_local(script: str, world: int, argv, timeout: float) -> int:
-    """Runs `script --worker --rank i --master 127.0.0.1 <argv>` for each rank on this host, no
-    namespaces (no root needed), Gloo bound to the loopback interface; 0 when every rank exits
-    0."""
-    procs = []
-    try:
-        for i in range(world):
-            env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONPATH=ROOT)
-            cmd = [sys.executable, os.path.abspath(script), "--worker", "--rank", str(i)]
-            procs.append(subprocess.Popen(cmd + ["--master", "127.0.0.1"] + list(argv), env=env))
-        deadline = time.monotonic() + timeout
-        codes = [p.wait(timeout=max(1, deadline - time.monotonic())) for p in procs]
-        return 0 if all(c == 0 for c in codes) else 1
-    except subprocess.TimeoutExpired:
-        print(
-            f"{os.path.basename(script)}: ranks did not finish within {timeout} s", file=sys.stderr
-        )
-        return 1
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-
-
-def add_cluster_args(ap, port: int, timeout: float, delay: bool = True) -> None:
-    """The options every script over the emulated link takes: --world, --rate, (--delay),
-    --threads, --port, --timeout, and the hidden --worker/--rank its ranks are started with."""
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument(
-        "--rate",
-        default="1gbit",
-        help="tc rate each way per rank, e.g. 1gbit, 10gbit; none: no limit; loopback: no "
-        "namespaces, the ranks on this host over 127.0.0.1 (no root needed)",
-    )
-    if delay:
-        ap.add_argument("--delay", default=None, help="optional added latency, e.g. 100us")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    ap.add_argument("--port", type=int, default=port)
-    ap.add_argument("--timeout", type=float, default=timeout)
-    ap.add_argument(
-        "--local",
-        action="store_true",
-        help="as --rate loopback: ranks on this host over 127.0.0.1 (a smoke test, no root)",
-    )
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--master", default=None, help=argparse.SUPPRESS)
-
-
-def dispatch(ap, script: str, worker, before=None) -> int:
-    """Parses the command line: a rank (--worker) runs worker(args); otherwise the cluster is set
-    up and every rank started with the same options (after before(args), if given)."""
-    args = ap.parse_args()
-    if args.worker:
-        return worker(args)
-    if before is not None:
-        before(args)
-    if args.rate == "loopback":  # the ranks on this host over 127.0.0.1, no namespaces
-        return run_local(script, args.world, sys.argv[1:], args.timeout)
-    delay = getattr(args, "delay", None)
-    return run_workers(script, args.world, args.rate, delay, sys.argv[1:], args.timeout)
 
 
 def _header(args) -> None:
@@ -437,7 +242,7 @@ def _header(args) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    add_cluster_args(ap, port=29577, timeout=1800)
+    qbench.add_cluster_args(ap, port=29577, timeout=1800)
     ap.add_argument("--sizes", default="64M")
     ap.add_argument(
         "--collective",
@@ -488,7 +293,7 @@ def main() -> int:
         "default: only the one in use)",
     )
     ap.add_argument("--csv", default=None)
-    return dispatch(ap, __file__, worker, before=_header)
+    return qbench.dispatch(ap, __file__, worker, before=_header)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,8 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import slow_cluster  # noqa: E402
+import qbench  # the namespaces and rate limits (as slow_cluster.py's), the timing, the tables
 
 
 def worker(args) -> int:
@@ -43,7 +41,7 @@ def worker(args) -> int:
     import qcomm
     from qcomm import _C
 
-    slow_cluster.join(args, "qnccl", qcomm.QuantConfig())
+    qbench.join(args, "qnccl", qcomm.QuantConfig())
     gloo = dist.new_group(backend="gloo")
     # barriers and the agreed times go over a group of their own, so that no variant shares its
     # connections with them (one that did ran up to 1.3x slower than the same fixed configuration)
@@ -53,19 +51,13 @@ def worker(args) -> int:
     rows = []
 
     def once(fn, x):
-        t = x.clone()
-        dist.barrier(group=timing)
-        t0 = time.perf_counter()
-        fn(t)
-        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=timing)
-        return float(dt)
+        return qbench.timed_call(fn, timing, x.clone)
 
     def config(c):
         algo, shards = c.split("/")
         return qcomm.QuantConfig(algorithm=algo, microshards=int(shards), tune=False)
 
-    for size in [slow_cluster._parse_size(s) for s in args.sizes.split(",")]:
+    for size in qbench.parse_sizes(args.sizes):
         x = torch.randn(size // 4, generator=torch.Generator().manual_seed(args.rank))
         before = qcomm.stats()
         first = once(lambda t: dist.all_reduce(t), x)
@@ -74,7 +66,6 @@ def worker(args) -> int:
         check_s = after["check_seconds"] - before["check_seconds"]
         table = {e["bytes"]: e["choice"] for e in qcomm.tuning()}
         choice = table.get(size, "below min_bytes" if size < (1 << 20) else "?")
-        times = {v: [] for v in ["gloo", "default"] + cands}
 
         def run(v, x=x):
             if v == "gloo":
@@ -84,11 +75,8 @@ def worker(args) -> int:
             qcomm.set_config(config(v), group=fixed)
             return once(lambda t: dist.all_reduce(t, group=fixed), x)
 
-        order = list(times)
-        for it in range(args.iters):
-            # each round starts with another variant, so that none is always first
-            for v in order[it % len(order) :] + order[: it % len(order)]:
-                times[v].append(run(v))
+        # each round starts with another variant, so that none is always first
+        times = qbench.interleave(["gloo", "default"] + cands, run, args.iters, rotate=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         spread = {k: (min(v), max(v)) for k, v in times.items()}
         best = min(cands, key=lambda c: med[c])
@@ -137,21 +125,27 @@ def worker(args) -> int:
                 flush=True,
             )
     if rank0(args):
-        print(
-            "| bytes | gloo fp32 ms | defaults ms | defaults chose | best fixed | best fixed ms "
-            "| defaults vs gloo | paired (quartiles) | defaults vs best of (gloo, fixed) "
-            "| tuning s |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        head = ["bytes", "gloo fp32 ms", "defaults ms", "defaults chose", "best fixed"]
+        head += ["best fixed ms", "defaults vs gloo", "paired (quartiles)"]
+        head += ["defaults vs best of (gloo, fixed)", "tuning s"]
+        cells = []
         for size, med, spread, choice, best, tune_s, _first, vs_gloo, vs_best, paired in rows:
             g, d = spread["gloo"], spread["default"]
-            print(
-                f"| {size} | {med['gloo'] * 1e3:.2f} ({g[0] * 1e3:.2f}-{g[1] * 1e3:.2f}) "
-                f"| {med['default'] * 1e3:.2f} ({d[0] * 1e3:.2f}-{d[1] * 1e3:.2f}) | {choice} "
-                f"| {best} | {med[best] * 1e3:.2f} | {vs_gloo:.2f}x "
-                f"| {paired[1]:.2f}x ({paired[0]:.2f}-{paired[2]:.2f}) | {vs_best:.2f}x "
-                f"| {tune_s:.2f} |"
+            cells.append(
+                [
+                    size,
+                    f"{med['gloo'] * 1e3:.2f} ({g[0] * 1e3:.2f}-{g[1] * 1e3:.2f})",
+                    f"{med['default'] * 1e3:.2f} ({d[0] * 1e3:.2f}-{d[1] * 1e3:.2f})",
+                    choice,
+                    best,
+                    f"{med[best] * 1e3:.2f}",
+                    f"{vs_gloo:.2f}x",
+                    f"{paired[1]:.2f}x ({paired[0]:.2f}-{paired[2]:.2f})",
+                    f"{vs_best:.2f}x",
+                    f"{tune_s:.2f}",
+                ]
             )
+        print(qbench.md_table(head, cells))
     dist.destroy_process_group()
     return 0
 
@@ -167,7 +161,7 @@ def rank0(args) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    slow_cluster.add_cluster_args(ap, port=29581, timeout=3600)
+    qbench.add_cluster_args(ap, port=29581, timeout=3600)
     ap.add_argument("--sizes", default="256K,1M,4M,16M,64M")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--cache-dir", default=None, help="the tuning cache's directory, kept")
@@ -188,7 +182,7 @@ def main() -> int:
             flush=True,
         )
 
-    return slow_cluster.dispatch(ap, __file__, worker, before)
+    return qbench.dispatch(ap, __file__, worker, before)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 
+import qbench
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -67,8 +69,7 @@ def main() -> int:
         with open(summary) as f:
             runs[i] = [json.loads(line) for line in f]
     heads = [f"run {i} {rates[i - 1]}" for i in sorted(runs)]
-    print("| bytes | " + " | ".join(heads) + " |")
-    print("|---|" + "---|" * len(heads))
+    print(qbench.md_head(["bytes"] + heads))
     for size in sorted({r["bytes"] for rs in runs.values() for r in rs}):
         cells = []
         for i in sorted(runs):
@@ -85,7 +86,7 @@ def main() -> int:
                 f"{r['vs_gloo']:.2f}x (paired {r['paired']:.2f}x), {r['choice']}, {first}"
                 + (f", re-tuned {r['retuned']}" if r["retuned"] else "")
             )
-        print(f"| {size} | " + " | ".join(cells) + " |")
+        print(qbench.md_row([size] + cells))
     return 0
 
 

@@ -14,12 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import types
 
 import torch
 
-from qcomm.bench import parse_size
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'256K' -> 262144, '4M' -> 4194304, '1G', '4096' (bytes); K/M/G are powers of 1024."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KkMmGg]?)(?:i?[Bb])?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: use bytes like 4096, 256K, 4M or 1G")
+    n = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: must be positive")
+    return n
 
 
 def _worker(rank: int, world: int, args) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run the qnccl allreduce benchmark (python -m qcomm.bench) on CPU ranks. It first runs
-# scripts/setup.sh, which sets up .venv (torch 2.11.0) and builds the extension on a fresh machine
-# and is quick when that is done. Every argument goes to qcomm.bench; see --help. Examples:
+# Run the qnccl allreduce benchmark, the main job (benchmarks/allreduce_bench.py), on CPU ranks. It
+# first runs scripts/setup.sh, which sets up .venv (torch 2.11.0) and builds the extension on a
+# fresh machine and is quick when that is done. Every argument goes to allreduce_bench.py; see
+# --help. Examples:
 #   bash scripts/run_bench.sh                                  # defaults: 2 ranks, 1M,16M,64M fp32
 #   bash scripts/run_bench.sh --world 3 --dtype bf16 --sizes 1M,4M --iters 3 --csv bench.csv
 # The table goes to stdout, progress (and setup's log) to stderr; the exit status is non-zero when
@@ -12,4 +13,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh" >/dev/null
 # stay in the caller's directory, so a relative --csv path lands where the caller expects
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$ROOT/.venv/bin/python" -m qcomm.bench "$@"
+exec "$ROOT/.venv/bin/python" "$ROOT/benchmarks/allreduce_bench.py" "$@"

@@ -12,7 +12,6 @@ import pytest
 import torch
 from checks import gpu
 
-from qcomm import bench
 from qcomm import reference as ref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,6 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import allreduce_sweep as sweep  # noqa: E402
 import cost_model as cm  # noqa: E402
+import qbench  # noqa: E402
 
 
 def torchrun(tmp_path, nproc, *args, timeout=120, **env):
@@ -44,11 +44,11 @@ def check_against_reference(rows, world, seed=1234):
         assert row["identical"], row
         if sweep._is_base(row):
             continue
-        dtype = getattr(torch, bench.DTYPES[row["dtype"]])
-        xs = [bench.make_input(seed, r, row["count"], dtype) for r in range(world)]
+        dtype = getattr(torch, qbench.DTYPES[row["dtype"]])
+        xs = [qbench.make_input(seed, r, row["count"], dtype) for r in range(world)]
         rs, ag = (int(b) for b in row["bits"].split("/"))
         want = ref.allreduce(xs, row["algorithm"].split("@")[0], rs, ag)
-        rel, mx = bench._errors(want.out, want.exact)
+        rel, mx = qbench.errors(want.out, want.exact)
         assert f"{row['rel_err']:.3e}" == f"{rel:.3e}", (row, rel)
         assert f"{row['max_abs_err']:.3e}" == f"{mx:.3e}", (row, mx)
         assert 0 < row["max_abs_err"] <= float(want.bound.max()), row
