@@ -73,6 +73,9 @@ def _issue(kind, rank, world, seed, n=N):
 
 
 def _callback_worker(rank, world, first, second, fixed):
+    # w1 waits a second for the group's buffers (as behind a slow call): its callback is attached
+    # before it completes, so the callback runs on the progress thread
+    _C._testing.hold_buffer_lock(qcomm.backend_of(), 1.0)
     w1, o1, e1, r1 = _issue(first, rank, world, 1)
     w2, o2, e2, r2 = _issue(second, rank, world, 2)
     # Gloo: the callback runs when w1 completes and waits for w2, which its own thread runs
