@@ -17,7 +17,6 @@
 #include <cstring>
 #include <future>
 #include <memory>
-#include <thread>
 
 #include "algo/algorithms.h"
 #include "backend/names.h"
@@ -138,17 +137,6 @@ int64_t QncclBackend::releaseScratch() {
   scratch_.release();
   scratchHeld_ = scratch_.bytesHeld();
   return held;
-}
-
-void QncclBackend::holdScratchLockForTest(double seconds) {
-  auto held = std::make_shared<std::promise<void>>();
-  std::future<void> ready = held->get_future();
-  std::thread([this, held, seconds] {
-    std::lock_guard<std::mutex> lock(scratchMutex_);
-    held->set_value();
-    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  }).detach();
-  ready.wait();
 }
 
 std::map<std::string, ShadowStat> QncclBackend::shadowStats() const {

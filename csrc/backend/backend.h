@@ -161,20 +161,6 @@ class QncclBackend : public c10d::Backend {
   // all-gather's output: numel a multiple of the world), and enters the choice in the table,
   // replacing any earlier one.
   void tune(const at::Tensor& sample, int32_t collective = kAllreduce);
-  // Test hooks: this rank's measured time of candidate i (tuning and checks) is multiplied by
-  // factors[i]; the duration of each real call it tracks for drift, by callFactor.
-  void setTuneTimingFactors(std::vector<double> factors);
-  void setCallTimingFactor(double callFactor);
-  // A test hook: holds the lock of the group's buffers for `seconds` on another thread (as a
-  // running call does); returns once it is held.
-  void holdScratchLockForTest(double seconds);
-  // The host agreement of a quantized CUDA call, where the CUDA path has one (backend_cuda.cpp:
-  // the NCCL transport, the fused experiment, groups that check their calls): the call's header
-  // exchanged over Gloo on the progress thread, behind the host-memory calls queued there (the
-  // caller waits), so that Gloo pairs every rank's collectives in the same order; a disagreement
-  // raises on every rank alike. In every build: a test hook runs it with a host tensor's plan
-  // (qcomm._C._testing.agree_as_cuda_calls_do).
-  void agreeOnCudaCall(const Plan& plan, std::chrono::milliseconds timeout);
   c10::intrusive_ptr<c10d::Backend> inner(bool cuda) const { return cuda ? nccl_ : gloo_; }
   // The transport quantized CUDA allreduces use ("ipc" or "nccl"), "" before the first one, and
   // why CUDA IPC was not chosen (empty when it was).
@@ -258,6 +244,16 @@ class QncclBackend : public c10d::Backend {
   void abort() override;
 
  private:
+  // The test hooks (csrc/python/testing.cpp) reach the state they set through this one friend:
+  // the class has no methods for tests.
+  friend struct BackendTestAccess;
+  // The host agreement of a quantized CUDA call, where the CUDA path has one (backend_cuda.cpp:
+  // the NCCL transport, the fused experiment, groups that check their calls): the call's header
+  // exchanged over Gloo on the progress thread, behind the host-memory calls queued there (the
+  // caller waits), so that Gloo pairs every rank's collectives in the same order; a disagreement
+  // raises on every rank alike. In every build: the test hooks run it with a host tensor's plan
+  // (qcomm._C._testing.agree_as_cuda_calls_do).
+  void agreeOnCudaCall(const Plan& plan, std::chrono::milliseconds timeout);
   c10d::Backend* pick(const at::Tensor& t, const char* op) const;
   // Refuses tensors whose elements overlap in memory (expanded views), which Gloo would crash on,
   // before anything is sent: a ValueError naming the rank and the op.
@@ -408,6 +404,9 @@ class QncclBackend : public c10d::Backend {
   mutable std::mutex tuningMutex_;       // guards the five below
   TuningTable tuning_;
   std::string tuneFile_, tuneKey_;
+  // the test hooks' factors: this rank's measured time of candidate i (tuning and checks) is
+  // multiplied by tuneTimingFactors_[i]; the duration of each real call tracked for drift, by
+  // callTimingFactor_ (BackendTestAccess)
   std::vector<double> tuneTimingFactors_;
   double callTimingFactor_ = 1.0;
   // Per (collective, dtype, size class), on the progress thread only: the real calls' durations

@@ -118,16 +118,6 @@ std::string QncclBackend::tuningCachePath() const {
   return tuneFile_;
 }
 
-void QncclBackend::setTuneTimingFactors(std::vector<double> factors) {
-  std::lock_guard<std::mutex> lock(tuningMutex_);
-  tuneTimingFactors_ = std::move(factors);
-}
-
-void QncclBackend::setCallTimingFactor(double callFactor) {
-  std::lock_guard<std::mutex> lock(tuningMutex_);
-  callTimingFactor_ = callFactor;
-}
-
 void QncclBackend::tune(const at::Tensor& sample, int32_t collective) {
   TORCH_CHECK(!shutDown_, prefix(), "tune: the process group has been shut down");
   checkUsable("tune");

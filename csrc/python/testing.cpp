@@ -11,6 +11,9 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <future>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "algo/algorithms.h"
@@ -39,6 +42,36 @@
 namespace py = pybind11;
 
 namespace qcomm {
+
+// The one friend of QncclBackend (backend.h): the state the test hooks set, from outside the
+// class, so that the product class has no methods for tests.
+struct BackendTestAccess {
+  static void setTuneTimingFactors(QncclBackend& b, std::vector<double> factors) {
+    std::lock_guard<std::mutex> lock(b.tuningMutex_);
+    b.tuneTimingFactors_ = std::move(factors);
+  }
+  static void setCallTimingFactor(QncclBackend& b, double factor) {
+    std::lock_guard<std::mutex> lock(b.tuningMutex_);
+    b.callTimingFactor_ = factor;
+  }
+  // Holds the lock of the group's buffers for `seconds` on another thread (as a running call
+  // does); returns once it is held.
+  static void holdScratchLock(QncclBackend& b, double seconds) {
+    auto held = std::make_shared<std::promise<void>>();
+    std::future<void> ready = held->get_future();
+    QncclBackend* be = &b;
+    std::thread([be, held, seconds] {
+      std::lock_guard<std::mutex> lock(be->scratchMutex_);
+      held->set_value();
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    }).detach();
+    ready.wait();
+  }
+  static void agreeOnCudaCall(QncclBackend& b, const Plan& plan,
+                              std::chrono::milliseconds timeout) {
+    b.agreeOnCudaCall(plan, timeout);
+  }
+};
 
 #ifdef QCOMM_WITH_CUDA
 void registerCudaTesting(py::module& m);  // cuda_testing.cpp
@@ -562,7 +595,7 @@ void registerTesting(py::module& m, py::object backendBase) {
   m.def(
       "set_tune_timing_factors",
       [](py::object backend, std::vector<double> factors) {
-        backend.cast<QncclBackend*>()->setTuneTimingFactors(std::move(factors));
+        BackendTestAccess::setTuneTimingFactors(*backend.cast<QncclBackend*>(), std::move(factors));
       },
       py::arg("backend"), py::arg("factors"));
   m.def(
@@ -586,14 +619,14 @@ void registerTesting(py::module& m, py::object backendBase) {
   m.def(
       "set_call_timing_factor",
       [](py::object backend, double factor) {
-        backend.cast<QncclBackend*>()->setCallTimingFactor(factor);
+        BackendTestAccess::setCallTimingFactor(*backend.cast<QncclBackend*>(), factor);
       },
       py::arg("backend"), py::arg("factor"),
       "this rank's real-call durations the drift check sees are multiplied by factor");
   m.def(
       "hold_buffer_lock",
       [](py::object backend, double seconds) {
-        backend.cast<QncclBackend*>()->holdScratchLockForTest(seconds);
+        BackendTestAccess::holdScratchLock(*backend.cast<QncclBackend*>(), seconds);
       },
       py::arg("backend"), py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
       "holds the lock a running quantized call holds, for `seconds`, on another thread");
@@ -606,7 +639,7 @@ void registerTesting(py::module& m, py::object backendBase) {
                           "through (", plan.reason, ")");
         plan.callSeq = be->nextCallSeq();
         const py::gil_scoped_release noGil;
-        be->agreeOnCudaCall(plan, timeout);
+        BackendTestAccess::agreeOnCudaCall(*be, plan, timeout);
       },
       py::arg("backend"), py::arg("tensor"), py::arg("avg") = false,
       py::arg("timeout") = std::chrono::milliseconds(60000),
