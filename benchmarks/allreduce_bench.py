@@ -93,14 +93,7 @@ def check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--world must be at least 2")
     if a.iters < 1:
         p.error("--iters must be at least 1")
-    if a.warmup < 0:
-        p.error("--warmup must be >= 0")
-    if a.threads < 1:
-        p.error("--threads must be at least 1")
-    eb = qbench.ELEM_BYTES[a.dtype]
-    for s in a.sizes:
-        if s % eb:
-            p.error(f"size {s} is not a multiple of the {a.dtype} element size ({eb} bytes)")
+    qbench.check_run_args(p, a)
     try:  # validate every knob up front, not in the ranks
         for algo in a.algorithms:
             for rs, ag in a.bits:

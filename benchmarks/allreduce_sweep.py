@@ -249,14 +249,7 @@ def check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--world must be at least 2 (under torchrun: --nproc_per_node x nodes)")
     if min(a.iters, a.large_iters, a.small_iters) < 1:
         p.error("--iters, --large-iters and --small-iters must be at least 1")
-    if a.warmup < 0:
-        p.error("--warmup must be >= 0")
-    if a.threads < 1:
-        p.error("--threads must be at least 1")
-    eb = qbench.ELEM_BYTES[a.dtype]
-    for s in a.sizes:
-        if s % eb:
-            p.error(f"size {s} is not a multiple of the {a.dtype} element size ({eb} bytes)")
+    qbench.check_run_args(p, a)
     try:
         for algo in a.algorithms:
             for rs, ag in a.bits:

@@ -108,6 +108,19 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1234, help="base seed of the inputs (default 1234)")
 
 
+def check_run_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Refuses, through the parser's error, a negative --warmup, --threads below 1 and sizes that
+    are not whole elements of --dtype (add_run_args' options and --sizes)."""
+    if a.warmup < 0:
+        p.error("--warmup must be >= 0")
+    if a.threads < 1:
+        p.error("--threads must be at least 1")
+    eb = ELEM_BYTES[a.dtype]
+    for s in a.sizes:
+        if s % eb:
+            p.error(f"size {s} is not a multiple of the {a.dtype} element size ({eb} bytes)")
+
+
 def make_config(a, algo, rs, ag):
     """The QuantConfig of one row: the command line's codec knobs (add_codec_args), min_bytes 0."""
     from qcomm.config import QuantConfig
