@@ -42,6 +42,7 @@ QUICK = (
     "tests/algo/test_allreduce.py::test_nonfinite_stays_nonfinite",
     "tests/algo/test_collective_algos.py::test_matches_cpu_path_and_reference[2]",
     "tests/algo/test_sharded.py",
+    "tests/backend/test_one_plan.py",
     "tests/backend/test_passthrough.py",
     "tests/backend/test_sharded_backend.py",
     "tests/backend/test_bad_tensors.py",

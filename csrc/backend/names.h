@@ -1,5 +1,5 @@
 // How the backend's messages and stats keys spell dtypes and size classes (backend.cpp,
-// sharded.cpp): torch's names, and the power-of-two classes of bytes the log and shadow use.
+// call.cpp): torch's names, and the power-of-two classes of bytes the log and shadow use.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -7,35 +7,21 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace qcomm {
 
 // A dtype as Python spells it (torch.float32: "float32").
 inline std::string dtypeName(c10::ScalarType t) {
-  switch (t) {
-    case c10::kFloat:
-      return "float32";
-    case c10::kDouble:
-      return "float64";
-    case c10::kHalf:
-      return "float16";
-    case c10::kBFloat16:
-      return "bfloat16";
-    case c10::kLong:
-      return "int64";
-    case c10::kInt:
-      return "int32";
-    case c10::kShort:
-      return "int16";
-    case c10::kChar:
-      return "int8";
-    case c10::kByte:
-      return "uint8";
-    case c10::kBool:
-      return "bool";
-    default:
-      return c10::toString(t);
+  static const std::pair<c10::ScalarType, const char*> kNames[] = {
+      {c10::kFloat, "float32"},     {c10::kDouble, "float64"}, {c10::kHalf, "float16"},
+      {c10::kBFloat16, "bfloat16"}, {c10::kLong, "int64"},     {c10::kInt, "int32"},
+      {c10::kShort, "int16"},       {c10::kChar, "int8"},      {c10::kByte, "uint8"},
+      {c10::kBool, "bool"}};
+  for (const auto& kv : kNames) {
+    if (kv.first == t) return kv.second;
   }
+  return c10::toString(t);
 }
 
 // A power of two of bytes, 2^k: "4 KiB".

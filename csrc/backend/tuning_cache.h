@@ -1,5 +1,5 @@
 // The tuning cache file (qcomm/_tuning.py reads it): the table as JSON, and the file replaced
-// whole. Rank 0 writes it after each measurement (QncclBackend::saveTuning, tuner.cpp).
+// whole. Rank 0 writes it after each measurement (tuner.cpp, Tuner::save).
 #pragma once
 
 #include <cstdint>

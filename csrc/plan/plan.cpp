@@ -2,6 +2,7 @@
 #include "plan/plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <sstream>
 
@@ -19,6 +20,35 @@ Plan factsOnly(const CallFacts& f) {
   p.average = f.opAvg;
   p.collective = f.collective;
   return p;
+}
+
+// The last rungs of a CUDA call (its eligibility otherwise checked): the opt-in, what the CUDA
+// sharded path runs. CUDA calls are never tuned (auto runs two_step) nor shadowed (the exact
+// result would be compared on the host, synchronizing every shadowed call with the device).
+Plan cudaPlan(const CallFacts& f, const QuantConfig& cfg, Plan p) {
+  auto passThrough = [&](const char* why) {
+    p.quantize = false;
+    p.reason = why;
+    return p;
+  };
+  if (!f.cudaBuilt) return passThrough("CUDA tensor: qcomm was built without CUDA");
+  if (!f.cudaOptIn) {
+    return passThrough(f.collective == kAllreduce
+                           ? "CUDA tensor: quantizing CUDA allreduces is opt-in "
+                             "(QCOMM_CUDA_QUANTIZE=1)"
+                           : "CUDA tensor: quantizing CUDA collectives is opt-in "
+                             "(QCOMM_CUDA_QUANTIZE=1)");
+  }
+  Plan q = quantizedPlan(f, cfg);
+  if (f.collective != kAllreduce && q.rotate) {
+    // the per-shard padding and the rotation back of the reduce-scatter's output are built and
+    // tested on host tensors only
+    return passThrough(
+        "CUDA tensor: rotated reduce_scatter and all_gather run on host tensors only "
+        "(rotate=False quantizes them)");
+  }
+  q.shadow = 0;
+  return q;
 }
 
 }  // namespace
@@ -64,7 +94,14 @@ ChunkRange Plan::shard(int c, int k) const {
   return {ch.begin + off, std::min<int64_t>(shardElems, ch.len - off)};
 }
 
+namespace {
+std::atomic<int64_t> plans{0};
+}  // namespace
+
+int64_t plansMade() { return plans.load(); }
+
 Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* table) {
+  plans++;
   Plan p = factsOnly(f);
   auto passThrough = [&](const char* why) {
     p.quantize = false;
@@ -72,6 +109,7 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* tab
     return p;
   };
   const bool rs = f.collective == kReduceScatter, ag = f.collective == kAllGather;
+  if (f.disabled) return passThrough("QCOMM_DISABLE=1: every collective passes through");
   if (cfg.algorithm == kAlgoNone) return passThrough("algorithm is none");
   if (rs && !cfg.reduceScatter) {
     return passThrough("reduce_scatter quantization is off (QuantConfig.reduce_scatter)");
@@ -98,21 +136,28 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* tab
   if (ag && !f.shapeOk) return passThrough("output is not W times the input");
   const int64_t bytes = f.numel * dtypeBytes(f.dtype);
   if (bytes < cfg.minBytes) return passThrough("message below min_bytes");
+  if (f.cuda) return cudaPlan(f, cfg, p);
   if (cfg.algorithm != kAuto || table == nullptr) return quantizedPlan(f, cfg);
-  const TuneEntry* e = table->find(f.dtype, sizeClassOf(bytes), f.collective);
-  if (e == nullptr) {
+  return tunedPlan(f, cfg, table->find(f.dtype, sizeClassOf(bytes), f.collective));
+}
+
+Plan tunedPlan(const CallFacts& f, const QuantConfig& cfg, const TuneEntry* entry) {
+  if (entry == nullptr) {
     Plan q = quantizedPlan(f, cfg);
     q.tuneNeeded = cfg.tune;
     return q;
   }
-  if (e->choice.exact()) {
-    return passThrough(rs   ? "tuned: the exact reduce_scatter measured faster here"
-                       : ag ? "tuned: the exact all_gather measured faster here"
-                            : "tuned: the exact allreduce measured faster here");
+  if (entry->choice.exact()) {
+    Plan p = factsOnly(f);
+    p.reason = f.collective == kReduceScatter
+                   ? "tuned: the exact reduce_scatter measured faster here"
+               : f.collective == kAllGather ? "tuned: the exact all_gather measured faster here"
+                                            : "tuned: the exact allreduce measured faster here";
+    return p;
   }
   QuantConfig chosen = cfg;
-  chosen.algorithm = e->choice.algorithm;
-  chosen.microshards = e->choice.microshards;
+  chosen.algorithm = entry->choice.algorithm;
+  chosen.microshards = entry->choice.microshards;
   Plan q = quantizedPlan(f, chosen);
   q.tuned = true;
   return q;

@@ -111,6 +111,11 @@ struct CallFacts {
   bool opPremul = false;
   bool premulTensor = false;
   double premulFactor = 1.0;
+  // where the call runs, and the group's switches that gate it
+  bool disabled = false;   // QCOMM_DISABLE=1 at the group's creation: every call passes through
+  bool cuda = false;       // CUDA tensors (never tuned, never shadowed)
+  bool cudaBuilt = false;  // qcomm was built with its CUDA kernels
+  bool cudaOptIn = false;  // QCOMM_CUDA_QUANTIZE=1: CUDA calls quantize (opt-in)
 };
 
 // Whether a call of `collective` rotates: QuantConfig.rotate where set; unset (-1), the
@@ -122,8 +127,20 @@ bool rotatesCall(const QuantConfig& cfg, int32_t collective);
 // that keys the table (config.h QCOMM_CONFIG_FIELDS) alike, and every collective rotated alike.
 bool sameTuningKey(const QuantConfig& a, const QuantConfig& b);
 
-// `table`: the group's tuning table, consulted where cfg.algorithm is auto (none: not tuned).
+// The plan of one call: every gate (the disabled switch, the config's switches, the tensors'
+// dtype, op and shapes, min_bytes, the CUDA opt-in and what CUDA calls run) is a rung of this one
+// ladder, and the reason of the first that refuses is the pass-through plan's. `table`: the
+// group's tuning table, consulted where cfg.algorithm is auto for host tensors (none: the
+// config's plan; a backend call plans without it and reads the table on its queue: tunedPlan).
 Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* table = nullptr);
+
+// The table's choice for an auto call of an eligible class: `entry` null (not measured), the
+// config's plan (tuneNeeded where cfg.tune); exact, a pass-through plan; else the quantized plan
+// of the chosen algorithm (tuned).
+Plan tunedPlan(const CallFacts& f, const QuantConfig& cfg, const TuneEntry* entry);
+
+// makePlan's calls in this process so far (a test counts one per collective call).
+int64_t plansMade();
 
 // The quantized plan of an eligible call (makePlan's result once every check has passed): the
 // algorithm, codecs and chunk geometry. It checks nothing; tests use it to plan world size 1.

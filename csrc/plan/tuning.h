@@ -39,7 +39,7 @@ struct TuneEntry {
   // candidate dropped after its first run has the time of that run
   std::vector<std::pair<TuneChoice, double>> seconds;
   // false for an entry loaded from the cache: the first call of its class confirms it with a
-  // short paired measurement before the group relies on it (tuner.cpp, checkClass)
+  // short paired measurement before the group relies on it (tuner.cpp, Tuner::check)
   bool verified = true;
   // The time measured for `c`, or -1 when there is none.
   double secondsOf(const TuneChoice& c) const {

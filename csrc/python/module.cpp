@@ -97,8 +97,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<QncclBackend, NoGilPtr<QncclBackend>>(
       m, "QncclBackend", backendBase,
-      "The c10d backend of a qnccl group (csrc/backend/backend.h): eligible allreduces quantized, "
-      "every other collective passed through to the inner Gloo or NCCL backend. torch creates it "
+      "The c10d backend of a qnccl group (csrc/backend/backend.h): eligible allreduces, "
+      "reduce-scatters and all-gathers quantized, every other collective passed through to the "
+      "inner Gloo or NCCL backend. torch creates it "
       "through qcomm._create; qcomm.backend_of(group) returns it.")
       .def(py::init([](int rank, int size, std::chrono::milliseconds timeout, py::object gloo,
                        py::object nccl, py::object cfg, py::object store, bool disabled,
@@ -114,11 +115,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("gloo"), py::arg("nccl"),
            py::arg("config"), py::arg("store") = py::none(), py::arg("disabled") = false,
            py::arg("cpu_threads") = 0, py::arg("check_calls") = -1)
-      .def("check_calls", &QncclBackend::checkCalls)
-      .def("cuda_transport", &QncclBackend::cudaTransport)
-      .def("cuda_transport_note", &QncclBackend::cudaTransportNote)
-      .def("cuda_ipc_kernels", &QncclBackend::cudaIpcKernels)
-      .def("cuda_ipc_profile", &QncclBackend::cudaIpcProfile)
+      .def("check_calls", [](const QncclBackend& b) { return b.group().checkCalls; })
+      .def("cuda_transport", [](const QncclBackend& b) { return b.cudaInfo().transport; })
+      .def("cuda_transport_note", [](const QncclBackend& b) { return b.cudaInfo().note; })
+      .def("cuda_ipc_kernels", [](const QncclBackend& b) { return b.cudaInfo().kernels; })
+      .def("cuda_ipc_profile", [](const QncclBackend& b) { return b.cudaInfo().profile; })
       .def(
           "set_config", [](QncclBackend& b, py::object cfg) { b.setConfig(configFrom(cfg)); },
           py::arg("config"))
@@ -131,21 +132,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       // its lock, which a child forked during a call would find held forever)
       .def("stats",
            [](const QncclBackend& b) {
+             const Group& g = b.group();
+             const Stats& st = g.stats;
              py::dict d;
-             d["quantized_calls"] = b.stats().quantizedCalls.load();
-             d["passthrough_calls"] = b.stats().passthroughCalls.load();
-             d["input_bytes"] = b.stats().inputBytes.load();
-             d["wire_bytes"] = b.stats().wireBytes.load();
-             d["next_call_seq"] = b.nextCallSeq();
-             d["buffer_bytes"] = b.scratchBytes();
-             d["cpu_threads"] = b.cpuThreadsUsed();
-             d["tuned_classes"] = b.stats().tunedClasses.load();
-             d["tune_seconds"] = double(b.stats().tuneNanos.load()) * 1e-9;
-             d["checked_classes"] = b.stats().checkedClasses.load();
-             d["check_seconds"] = double(b.stats().checkNanos.load()) * 1e-9;
-             d["retuned_classes"] = b.stats().retunedClasses.load();
+             d["quantized_calls"] = st.quantizedCalls.load();
+             d["passthrough_calls"] = st.passthroughCalls.load();
+             d["input_bytes"] = st.inputBytes.load();
+             d["wire_bytes"] = st.wireBytes.load();
+             d["next_call_seq"] = g.callSeq.load();
+             d["buffer_bytes"] = g.scratchBytes();
+             d["cpu_threads"] = g.cpuThreadsUsed.load();
+             d["tuned_classes"] = st.tunedClasses.load();
+             d["tune_seconds"] = double(st.tuneNanos.load()) * 1e-9;
+             d["checked_classes"] = st.checkedClasses.load();
+             d["check_seconds"] = double(st.checkNanos.load()) * 1e-9;
+             d["retuned_classes"] = st.retunedClasses.load();
              py::dict shadow;
-             for (const auto& kv : b.shadowStats()) {
+             for (const auto& kv : g.shadowStats()) {
                const ShadowStat& s = kv.second;
                py::dict e;
                e["calls"] = s.calls;
@@ -158,7 +161,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              d["shadow"] = shadow;
              // per collective: the sharded path counts its own; the allreduce's is the rest
              py::dict by;
-             const Stats& st = b.stats();
              int64_t q = st.quantizedCalls, in = st.inputBytes, w = st.wireBytes;
              for (int c : {int(kReduceScatter), int(kAllGather)}) {
                py::dict e;
@@ -182,7 +184,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("tuning",
            [](const QncclBackend& b) {
              py::list out;
-             for (const TuneEntry& e : b.tuningEntries()) out.append(entryToDict(e));
+             for (const TuneEntry& e : b.tuner().entries()) out.append(entryToDict(e));
              return out;
            })
       .def(
@@ -190,27 +192,33 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           [](QncclBackend& b, const py::list& entries) {
             std::vector<TuneEntry> es;
             for (const auto& e : entries) es.push_back(entryFromTuple(e.cast<py::tuple>()));
-            b.loadTuning(es);
+            b.tuner().load(es);
           },
           py::arg("entries"))
-      .def("set_tuning_cache", &QncclBackend::setTuningCache, py::arg("path"), py::arg("key"))
-      .def("tuning_cache", &QncclBackend::tuningCachePath)
+      .def(
+          "set_tuning_cache",
+          [](QncclBackend& b, const std::string& path, const std::string& key) {
+            b.tuner().setCache(path, key);
+          },
+          py::arg("path"), py::arg("key"))
+      .def("tuning_cache", [](const QncclBackend& b) { return b.tuner().cachePath(); })
       .def("tune", &QncclBackend::tune, py::arg("sample"), py::arg("collective") = 0,
            py::call_guard<py::gil_scoped_release>())
-      .def("release_buffers", &QncclBackend::releaseScratch,
-           py::call_guard<py::gil_scoped_release>())
-      .def("reset_stats", &QncclBackend::resetStats)
+      .def(
+          "release_buffers", [](QncclBackend& b) { return b.group().releaseScratch(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("reset_stats", [](QncclBackend& b) { b.group().resetStats(); })
       .def(
           "plan",
           [](const QncclBackend& b, const at::Tensor& t, c10d::ReduceOp op) {
-            return planDict(b.planFor(t, op));
+            return planDict(b.plan(kAllreduce, t, at::Tensor(), op));
           },
           py::arg("tensor"), py::arg("op"))
       .def(
           "plan_sharded",
           [](const QncclBackend& b, int collective, const at::Tensor& message,
              const at::Tensor& shard, c10d::ReduceOp op) {
-            const Plan p = b.planForSharded(collective, message, shard, op);
+            const Plan p = b.plan(collective, message, shard, op);
             py::dict d = planDict(p);
             d["collective"] = std::string(collectiveName(p.collective));
             d["premul_factor"] = p.premul ? py::object(py::float_(p.factor)) : py::none();

@@ -47,12 +47,12 @@ namespace qcomm {
 // class, so that the product class has no methods for tests.
 struct BackendTestAccess {
   static void setTuneTimingFactors(QncclBackend& b, std::vector<double> factors) {
-    std::lock_guard<std::mutex> lock(b.tuningMutex_);
-    b.tuneTimingFactors_ = std::move(factors);
+    std::lock_guard<std::mutex> lock(b.tuner_.mutex_);
+    b.tuner_.timingFactors_ = std::move(factors);
   }
   static void setCallTimingFactor(QncclBackend& b, double factor) {
-    std::lock_guard<std::mutex> lock(b.tuningMutex_);
-    b.callTimingFactor_ = factor;
+    std::lock_guard<std::mutex> lock(b.tuner_.mutex_);
+    b.tuner_.callTimingFactor_ = factor;
   }
   // Holds the lock of the group's buffers for `seconds` on another thread (as a running call
   // does); returns once it is held.
@@ -61,15 +61,17 @@ struct BackendTestAccess {
     std::future<void> ready = held->get_future();
     QncclBackend* be = &b;
     std::thread([be, held, seconds] {
-      std::lock_guard<std::mutex> lock(be->scratchMutex_);
+      std::lock_guard<std::mutex> lock(be->group().scratchMutex);
       held->set_value();
       std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
     }).detach();
     ready.wait();
   }
+  // The host agreement a quantized CUDA call makes (call_cuda.cpp runCuda), from this thread.
   static void agreeOnCudaCall(QncclBackend& b, const Plan& plan,
                               std::chrono::milliseconds timeout) {
-    b.agreeOnCudaCall(plan, timeout);
+    Group& g = b.group();
+    g.requireAgreement(g.agreeOnQueue(plan, timeout), "allreduce", kAllreduce);
   }
 };
 
@@ -267,10 +269,11 @@ at::Tensor collectiveAllreduce(QncclBackend& be, at::Tensor t, bool avg, bool fo
                       "needs a non-empty dense fp32, fp16 or bf16 tensor");
     plan = quantizedPlan(f, be.getConfig());
   } else {
-    plan = be.planFor(t, c10d::ReduceOp(avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM));
+    plan = be.plan(kAllreduce, t, at::Tensor(),
+                   c10d::ReduceOp(avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM));
   }
   TORCH_CHECK_VALUE(plan.quantize, where, "this allreduce would pass through (", plan.reason, ")");
-  plan.callSeq = callSeq >= 0 ? uint32_t(callSeq) : be.nextCallSeq();
+  plan.callSeq = callSeq >= 0 ? uint32_t(callSeq) : be.group().callSeq.load();
   c10::intrusive_ptr<c10d::Backend> inner = be.inner(t.is_cuda());
   TORCH_CHECK_VALUE(inner, where, "the group has no inner backend for ", t.device());
   const c10::DeviceGuard guard(t.device());
@@ -466,7 +469,7 @@ std::vector<at::Tensor> ipcShardedEmulate(std::vector<at::Tensor> inputs,
                     ": collective 1 (reduce-scatter) or 2 (all-gather), not ", collective);
   TORCH_CHECK_VALUE(op == "sum" || op == "avg" || op == "premul", what,
                     ": op sum, avg or premul, not ", op);
-  // the plan, from facts as QncclBackend::planForSharded makes them
+  // the plan, from facts as the backend makes them (call.cpp factsOf)
   const std::vector<at::Tensor> messages(
       size_t(world), collective == kAllGather
                          ? at::empty({inputs[0].numel() * world}, inputs[0].options())
@@ -634,18 +637,20 @@ void registerTesting(py::module& m, py::object backendBase) {
       "agree_as_cuda_calls_do",
       [](py::object backend, const at::Tensor& t, bool avg, std::chrono::milliseconds timeout) {
         QncclBackend* be = backend.cast<QncclBackend*>();
-        Plan plan = be->planFor(t, c10d::ReduceOp(avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM));
+        Plan plan = be->plan(kAllreduce, t, at::Tensor(),
+                             c10d::ReduceOp(avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM));
         TORCH_CHECK_VALUE(plan.quantize, "agree_as_cuda_calls_do: this allreduce would pass ",
                           "through (", plan.reason, ")");
-        plan.callSeq = be->nextCallSeq();
+        plan.callSeq = be->group().callSeq.load();
         const py::gil_scoped_release noGil;
         BackendTestAccess::agreeOnCudaCall(*be, plan, timeout);
       },
       py::arg("backend"), py::arg("tensor"), py::arg("avg") = false,
       py::arg("timeout") = std::chrono::milliseconds(60000),
       "the host agreement a quantized CUDA allreduce of this tensor's numel and dtype makes "
-      "(QncclBackend::agreeOnCudaCall), issued from the calling thread as the CUDA path issues "
+      "(call_cuda.cpp runCuda), issued from the calling thread as the CUDA path issues "
       "it, with the call number the next quantized call takes (not advanced); raises a mismatch");
+  m.def("plans_made", &plansMade, "makePlan's calls in this process so far (plan.h plansMade)");
   m.def("live_backends", &QncclBackend::liveCount,
         "QncclBackend objects alive in this process (for tests of group destruction)");
   m.def("progress_threads", &ProgressQueue::liveThreads,

@@ -21,7 +21,7 @@
 namespace qcomm {
 namespace {
 
-// The settings whose invalid value makes a rank's mode "invalid" (backend_cuda.cpp).
+// The settings whose invalid value makes a rank's mode "invalid" (backend/call_cuda.cpp).
 constexpr const char* kSettings = "QCOMM_TRANSPORT, QCOMM_IPC_* setting";
 
 // What each rank publishes under qcomm_ipc/info/<rank>.

@@ -192,7 +192,7 @@ def test_async_calls_on_two_groups_in_opposite_orders_finish():
 
 
 def _cuda_agreement_worker(rank, world):
-    """A quantized CUDA call's host agreement (QncclBackend::agreeOnCudaCall, issued from the
+    """A quantized CUDA call's host agreement (call_cuda.cpp runCuda's, issued from the
     caller's thread as the CUDA path issues it) while host-memory calls are queued on rank 0 and
     none on rank 1. Both ranks issue L and A async, then the agreement; on rank 0, L stops a second
     at the group's buffers (held) after its header exchange, so A is still queued when the

@@ -145,7 +145,7 @@ def test_ranks_that_disagree_raise_and_qcomm_shadow_sets_it():
 
 
 def test_readme_says_cuda_allreduces_are_not_shadowed():
-    # the CUDA path has no shadow run (csrc/backend/backend_cuda.cpp warns once instead): the
+    # the CUDA path has no shadow run (csrc/backend/call_cuda.cpp warns once instead): the
     # manual must not offer it there
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "README.md")) as f:

@@ -255,6 +255,6 @@ def test_fused_setup_agrees_on_settings_or_fails_on_every_rank():
     ipc.assert_settings_differ_refused("QCOMM_IPC_TILE_ELEMS", ("4096", "8192"))
     ipc.assert_settings_differ_refused("QCOMM_IPC_KERNELS", ("fused", "separate"))
     # an invalid setting on one rank: it raises a ValueError naming it, the other raises too (both
-    # read at the group's CUDA set-up, csrc/backend/backend_cuda.cpp ipcSettings)
+    # read at the group's CUDA set-up, csrc/backend/call_cuda.cpp ipcSettings)
     for name, value in [("QCOMM_IPC_TILE_ELEMS", "3000"), ("QCOMM_IPC_TASK_WARPS", "3")]:
         ipc.assert_invalid_setting_refused(name, value)

@@ -1,5 +1,5 @@
 // What the backend takes from the fused two_step experiment (QCOMM_EXPERIMENTS=1 builds only,
-// under #ifdef QCOMM_EXPERIMENTS in csrc/backend/backend_cuda.cpp): the profile's phases
+// under #ifdef QCOMM_EXPERIMENTS in csrc/backend/call_cuda.cpp): the profile's phases
 // (fused_layout.h: kIpcPhases, kIpcPhaseNames, kIpcProfileSlots) and, in CUDA builds, the preload
 // of its kernels and one call run with them (QCOMM_IPC_KERNELS=fused).
 #pragma once
