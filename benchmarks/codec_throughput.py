@@ -7,7 +7,7 @@ allreduce.
     .venv/bin/python benchmarks/codec_throughput.py --streamed      # a result's decode, streamed
 
 1. Codec microbenchmark, one thread (``torch.set_num_threads(1)``), through
-   ``qcomm._C._testing.codec_encode`` and ``qcomm._C._testing.codec_decode``: encode and decode
+   ``qcomm.codec.encode`` and ``qcomm.codec.decode``: encode and decode
    at 8 and 4 bits, asymmetric (min/max, the default) and symmetric (absmax), fp32 and bf16
    input, messages of --sizes bytes of input (default 1 MiB and 64 MiB), group --group-size.
    Beside it, on the same machine and sizes: a memory copy into a preallocated tensor
@@ -22,7 +22,7 @@ allreduce.
    ``out.fill_(0)`` into a preallocated tensor) and subtracted: the "net" columns.
    With --isas (default: every instruction set the codec loops are compiled for that this CPU
    has, csrc/codec/codec_cpu_isa.h), the same calls again with each one's loops
-   (qcomm._C._testing.set_cpu_isa), in a table side by side; the first table is the default's
+   (qcomm.set_cpu_isa), in a table side by side; the first table is the default's
    (QCOMM_CPU_ISA, else the widest).
 2. Where the time of a quantized allreduce goes (unless --no-allreduce): the main job
    (benchmarks/allreduce_bench.py) at --allreduce-size (default 64M) on 2 CPU ranks over loopback
@@ -86,7 +86,7 @@ def gbps(nbytes: int, seconds: float) -> float:
 def microbench(opts) -> list:
     import torch
 
-    from qcomm import _C
+    from qcomm import codec, cpu_isa, set_cpu_isa
 
     rows = []
     gs = opts.group_size
@@ -108,20 +108,18 @@ def microbench(opts) -> list:
             dec_alloc_s = max(0.0, fresh_s - fill_s)
             for bits in (8, 4):
                 for sym in (False, True):
-                    nbytes = _C._testing.encoded_bytes(n, bits, gs, sym)
-                    enc = _C._testing.codec_encode(x, bits, gs, sym)
+                    nbytes = codec.encoded_bytes(n, bits, gs, sym)
+                    enc = codec.encode(x, bits, gs, sym)
                     assert enc.numel() == nbytes
                     enc_s = timeit(
-                        lambda x=x, b=bits, s=sym, f=_C._testing.codec_encode: f(x, b, gs, s),
+                        lambda x=x, b=bits, s=sym, f=codec.encode: f(x, b, gs, s),
                         opts.min_time,
                     )
                     zeros_s = timeit(
                         lambda nb=nbytes: torch.zeros(nb, dtype=torch.uint8), opts.min_time
                     )
                     dec_s = timeit(
-                        lambda e=enc, n=n, b=bits, s=sym, d=dtype: _C._testing.codec_decode(
-                            e, n, b, gs, s, d
-                        ),
+                        lambda e=enc, n=n, b=bits, s=sym, d=dtype: codec.decode(e, n, b, gs, s, d),
                         opts.min_time,
                     )
                     rows.append(
@@ -143,24 +141,24 @@ def microbench(opts) -> list:
                     )
                     r = rows[-1]
                     # the same calls with the loops of each other instruction set asked for
-                    r["isa"] = {_C.cpu_isa(): (r["enc_net_s"], r["dec_net_s"])}
+                    r["isa"] = {cpu_isa(): (r["enc_net_s"], r["dec_net_s"])}
                     for isa in opts.isas:
                         if isa in r["isa"]:
                             continue
-                        before = _C._testing.set_cpu_isa(isa)
+                        before = set_cpu_isa(isa)
                         try:
                             e_s = timeit(
-                                lambda x=x, b=bits, s=sym: _C._testing.codec_encode(x, b, gs, s),
+                                lambda x=x, b=bits, s=sym: codec.encode(x, b, gs, s),
                                 opts.min_time,
                             )
                             d_s = timeit(
-                                lambda e=enc, n=n, b=bits, s=sym, d=dtype: _C._testing.codec_decode(
+                                lambda e=enc, n=n, b=bits, s=sym, d=dtype: codec.decode(
                                     e, n, b, gs, s, d
                                 ),
                                 opts.min_time,
                             )
                         finally:
-                            _C._testing.set_cpu_isa(before)
+                            set_cpu_isa(before)
                         r["isa"][isa] = (max(e_s - zeros_s, 1e-12), max(d_s - dec_alloc_s, 1e-12))
                     print(
                         f"[codec] {qbench.size_label(size)} {dname} {bits}-bit "
@@ -187,20 +185,20 @@ ONE_CORE_CASES = [
 
 
 def reuses_outputs() -> bool:
-    """Whether this build's codec test hooks write into given outputs (out=): then --one-core
+    """Whether this build's codec writes into given outputs (out=): then --one-core
     times the codec alone, else it subtracts the outputs' allocation, timed apart."""
     import torch
 
-    from qcomm import _C
+    from qcomm import codec
 
     x = torch.zeros(256)
     try:
-        _C._testing.codec_encode(
+        codec.encode(
             x,
             8,
             128,
             False,
-            out=torch.empty(_C._testing.encoded_bytes(256, 8, 128, False), dtype=torch.uint8),
+            out=torch.empty(codec.encoded_bytes(256, 8, 128, False), dtype=torch.uint8),
         )
     except TypeError:
         return False
@@ -214,7 +212,7 @@ def one_core_bench(opts) -> list:
     rows with the per-round GB/s of each column."""
     import torch
 
-    from qcomm import _C
+    from qcomm import codec, set_cpu_isa
 
     rows = {}
     gen = torch.Generator().manual_seed(77)
@@ -225,13 +223,12 @@ def one_core_bench(opts) -> list:
             dtype = getattr(torch, qbench.DTYPES[dname])
             n = size // qbench.ELEM_BYTES[dname]
             x = base.to(dtype) if dname == "fp32" else torch.randn(n, generator=gen).to(dtype)
-            enc = _C._testing.codec_encode(x, bits, gs, False)
+            enc = codec.encode(x, bits, gs, False)
             # a second rank's copy of the same chunk, for two_step's sum of the copies
-            other = _C._testing.codec_encode((x.float() * 0.75).to(dtype), bits, gs, False)
+            other = codec.encode((x.float() * 0.75).to(dtype), bits, gs, False)
             data[(size, dname, bits, gs)] = (x, (enc, other), torch.empty_like(x))
-    t = _C._testing
     reuse = reuses_outputs() and not opts.allocating_outputs
-    sums = reuse and hasattr(t, "codec_decode_sum")
+    sums = reuse
     for r in range(opts.rounds):
         for (size, dname, bits, gs), (x, (enc, other), out) in data.items():
             n = x.numel()
@@ -261,21 +258,21 @@ def one_core_bench(opts) -> list:
             dkw = {"out": do} if reuse else {}
             hkw = {"partial_out": po, "out": ho} if reuse else {}
             for isa in opts.isas:
-                before = t.set_cpu_isa(isa)
+                before = set_cpu_isa(isa)
                 try:
                     enc_s = timeit(
-                        lambda x=x, b=bits, g=gs, kw=kw: t.codec_encode(x, b, g, False, **kw),
+                        lambda x=x, b=bits, g=gs, kw=kw: codec.encode(x, b, g, False, **kw),
                         opts.min_time,
                     )
                     dec_s = timeit(
-                        lambda e=enc, n=n, b=bits, g=gs, kw=dkw: t.codec_decode(
+                        lambda e=enc, n=n, b=bits, g=gs, kw=dkw: codec.decode(
                             e, n, b, g, False, **kw
                         ),
                         opts.min_time,
                     )
                     hop_s = timeit(
-                        lambda e=enc, x=x, b=bits, g=gs, kw=hkw: t.codec_ops_hop(
-                            e, b, x, b, g, False, **kw
+                        lambda e=enc, x=x, b=bits, g=gs, kw=hkw: codec.ring_hop(
+                            e, x, b, b, g, False, **kw
                         ),
                         opts.min_time,
                     )
@@ -284,19 +281,19 @@ def one_core_bench(opts) -> list:
                         # decode with accumulate
                         pair = [enc, other]
                         sum_s = timeit(
-                            lambda n=n, b=bits, g=gs, p=pair, o=do: t.codec_decode_sum(
+                            lambda n=n, b=bits, g=gs, p=pair, o=do: codec.decode_sum(
                                 p, n, b, g, False, out=o
                             ),
                             opts.min_time,
                         )
 
                         def two(n=n, b=bits, g=gs, p=pair, o=do):
-                            t.codec_decode(p[0], n, b, g, False, out=o)
-                            t.codec_decode(p[1], n, b, g, False, out=o, accumulate=True)
+                            codec.decode(p[0], n, b, g, False, out=o)
+                            codec.decode(p[1], n, b, g, False, out=o, accumulate=True)
 
                         two_s = timeit(two, opts.min_time)
                 finally:
-                    t.set_cpu_isa(before)
+                    set_cpu_isa(before)
                 row = rows.setdefault(
                     (size, dname, bits, gs, isa),
                     dict(
@@ -327,27 +324,26 @@ STREAMED_SIZES_MIB = (1, 2, 4, 8, 16, 64)
 
 def streamed_bench(opts) -> list:
     """--streamed: decode (8-bit g128, asymmetric) into a reused fp32 output with plain stores and
-    with non-temporal ones (codec_decode(streamed=True), CpuCodecOps::decodeResult's path), per
-    instruction set and output size, each call timed alone. cold: a 128 MiB sum between calls
+    with non-temporal ones (qcomm.codec.decode(streamed=True), CpuCodecOps::decodeResult's path),
+    per instruction set and output size, each call timed alone. cold: a 128 MiB sum between calls
     evicts the output from the caches (an allreduce's result, last touched when its input was
     encoded); hot: the output was just written by the call before. Rounds interleave everything;
     returns rows of per-round time ratios plain / streamed."""
     import torch
 
-    from qcomm import _C
+    from qcomm import codec, set_cpu_isa
 
-    t = _C._testing
     evict = torch.randn(32 << 20, generator=torch.Generator().manual_seed(5))
     cases = []
     for mib in STREAMED_SIZES_MIB:
         n = (mib << 20) // 4
         x = torch.randn(n, generator=torch.Generator().manual_seed(mib))
-        enc = t.codec_encode(x, 8, opts.group_size, False)
+        enc = codec.encode(x, 8, opts.group_size, False)
         cases.append((mib, n, enc, torch.empty(n)))
     rows = {}
     for r in range(opts.rounds):
         for isa in opts.isas:
-            before = t.set_cpu_isa(isa)
+            before = set_cpu_isa(isa)
             try:
                 for mib, n, enc, out in cases:
                     for cold in (False, True):
@@ -357,7 +353,7 @@ def streamed_bench(opts) -> list:
                                 if cold:
                                     evict.sum()
                                 t0 = time.perf_counter()
-                                t.codec_decode(
+                                codec.decode(
                                     enc, n, 8, opts.group_size, False, out=out, streamed=streamed
                                 )
                                 times[streamed].append(time.perf_counter() - t0)
@@ -368,7 +364,7 @@ def streamed_bench(opts) -> list:
                         row["ratio"].append(plain / streamed_s)
                         row["ms"].append((plain * 1e3, streamed_s * 1e3))
             finally:
-                t.set_cpu_isa(before)
+                set_cpu_isa(before)
         print(f"[streamed] round {r + 1}/{opts.rounds} done", file=sys.stderr, flush=True)
     return list(rows.values())
 
@@ -421,12 +417,11 @@ def rotation_bench(opts) -> list:
     scale) with the per-round ratios rotated / plain of GB/s."""
     import torch
 
-    from qcomm import _C
+    from qcomm import codec
 
     rows = []
     gs = opts.group_size
     gen = torch.Generator().manual_seed(4321)
-    t = _C._testing
     for size in opts.sizes:
         for dname in ("fp32", "bf16"):
             dtype = getattr(torch, qbench.DTYPES[dname])
@@ -440,11 +435,11 @@ def rotation_bench(opts) -> list:
             )
             for bits in (8, 4):
                 for sym in (False, True):
-                    nbytes = t.encoded_bytes(n, bits, gs, sym)
+                    nbytes = codec.encoded_bytes(n, bits, gs, sym)
                     zeros_s = timeit(
                         lambda nb=nbytes: torch.zeros(nb, dtype=torch.uint8), opts.min_time
                     )
-                    enc = {r: t.codec_encode(x, bits, gs, sym, rotate=r) for r in (False, True)}
+                    enc = {r: codec.encode(x, bits, gs, sym, rotate=r) for r in (False, True)}
                     ratios = {"encode": [], "decode": []}
                     rates = {(k, r): [] for k in ratios for r in (False, True)}
                     for _ in range(opts.rounds):
@@ -453,7 +448,7 @@ def rotation_bench(opts) -> list:
                             for r in (False, True):
                                 if kind == "encode":
                                     s = timeit(
-                                        lambda r=r, b=bits, q=sym, x=x: t.codec_encode(
+                                        lambda r=r, b=bits, q=sym, x=x: codec.encode(
                                             x, b, gs, q, rotate=r
                                         ),
                                         opts.min_time / 2,
@@ -462,7 +457,7 @@ def rotation_bench(opts) -> list:
                                 else:
                                     s = timeit(
                                         lambda r=r, b=bits, q=sym, e=enc, n=n, d=dtype: (
-                                            t.codec_decode(e[r], n, b, gs, q, d, rotate=r)
+                                            codec.decode(e[r], n, b, gs, q, d, rotate=r)
                                         ),
                                         opts.min_time / 2,
                                     )
@@ -710,9 +705,8 @@ def main(argv=None) -> int:
     import torch
 
     import qcomm
-    from qcomm import _C
 
-    have = _C.cpu_isas()
+    have = qcomm.cpu_isas()
     if opts.isas == "all":
         opts.isas = have
     elif opts.isas == "none":
@@ -731,13 +725,13 @@ def main(argv=None) -> int:
         f"# codec_throughput: {qbench.cpu_model()}, {os.cpu_count()} logical cores, "
         f"torch {torch.__version__}, 1 thread (torch.get_num_threads() = "
         f"{torch.get_num_threads()}), group size {opts.group_size}, qcomm CUDA kernels compiled: "
-        f"{qcomm.compiled_with_cuda()}, codec loops {_C.cpu_isa()} (this CPU: "
+        f"{qcomm.compiled_with_cuda()}, codec loops {qcomm.cpu_isa()} (this CPU: "
         f"{', '.join(have)}), load average at start " + qbench.load_average(),
         flush=True,
     )
     if opts.streamed:
         if not opts.isas:
-            opts.isas = [_C.cpu_isa()]
+            opts.isas = [qcomm.cpu_isa()]
         rows = streamed_bench(opts)
         print(
             f"\n## A result's decode, plain and streamed stores ({opts.rounds} interleaved rounds; "
@@ -748,7 +742,7 @@ def main(argv=None) -> int:
         return 0
     if opts.one_core:
         if not opts.isas:
-            opts.isas = [_C.cpu_isa()]
+            opts.isas = [qcomm.cpu_isa()]
         reuse = reuses_outputs() and not opts.allocating_outputs
         print(
             "# outputs: "
@@ -767,21 +761,22 @@ def main(argv=None) -> int:
         print(one_core_table(rows), flush=True)
         if reuse:
             print(
-                "\nencode: codec_encode into a reused buffer; decode: codec_decode into a reused "
-                "fp32 tensor; hop: codec_ops_hop (decode + add the local input + encode, bits in = "
-                "out) into reused partial sums and bytes; copy: out.copy_(x) of the same input "
-                "bytes into a reused tensor, one thread; sum of 2 copies: the time of a decode and "
-                "a decode with accumulate over that of codec_decode_sum (one pass), the same two "
+                "\nencode: qcomm.codec.encode into a reused buffer; decode: qcomm.codec.decode "
+                "into a reused fp32 tensor; hop: qcomm.codec.ring_hop (decode + add the local "
+                "input + encode, bits in = out) into reused partial sums and bytes; copy: "
+                "out.copy_(x) of the same input bytes into a reused tensor, one thread; sum of 2 "
+                "copies: the time of a decode and a decode with accumulate over that of "
+                "qcomm.codec.decode_sum (one pass), the same two "
                 "blocks and output (two_step's sum at 2 ranks)."
             )
         else:
             print(
-                "\nencode: codec_encode minus its output allocation (torch.zeros of the encoded "
-                "size, timed in the same round); decode: codec_decode, minus a fresh fp32 output's "
-                "first touch (torch.empty(n).fill_(0) minus fill_ into a reused tensor, same "
-                "round); hop: codec_ops_hop (decode + add the local input + encode, bits in = "
-                "out), minus the same first touch of its fp32 partial sums; copy: out.copy_(x) of "
-                "the same input bytes into a reused tensor, one thread."
+                "\nencode: qcomm.codec.encode minus its output allocation (torch.zeros of the "
+                "encoded size, timed in the same round); decode: qcomm.codec.decode, minus a fresh "
+                "fp32 output's first touch (torch.empty(n).fill_(0) minus fill_ into a reused "
+                "tensor, same round); hop: qcomm.codec.ring_hop (decode + add the local input + "
+                "encode, bits in = out), minus the same first touch of its fp32 partial sums; "
+                "copy: out.copy_(x) of the same input bytes into a reused tensor, one thread."
             )
         print(f"\n# {time.perf_counter() - start:.0f} s", flush=True)
         return 0
@@ -812,7 +807,7 @@ def main(argv=None) -> int:
         isas = [i for i in have if i in opts.isas]  # narrowest first
         print(
             "\n## The codec loops per instruction set (the same calls, net GB/s as above; "
-            "QCOMM_CPU_ISA / qcomm._C._testing.set_cpu_isa)\n"
+            "QCOMM_CPU_ISA / qcomm.set_cpu_isa)\n"
         )
         print(isa_table(rows, isas), flush=True)
     if not opts.no_allreduce:

@@ -44,12 +44,12 @@ def _encoded_bytes_py(n: int, bits: int, group: int, symmetric: bool) -> int:
 
 
 try:  # the exact count from the extension when it is built; the formula above otherwise
-    from qcomm import _C as _qc
+    from qcomm import codec as _codec
 
     def encoded_bytes(n: int, bits: int, group: int, symmetric: bool) -> int:
-        return int(_qc._testing.encoded_bytes(n, bits, group, symmetric)) if n > 0 else 0
+        return int(_codec.encoded_bytes(n, bits, group, symmetric)) if n > 0 else 0
 
-    ENCODED_BYTES_SOURCE = "qcomm._C._testing.encoded_bytes"
+    ENCODED_BYTES_SOURCE = "qcomm.codec.encoded_bytes"
 except Exception:  # noqa: BLE001 - any import failure: fall back to the documented formula
     encoded_bytes = _encoded_bytes_py
     ENCODED_BYTES_SOURCE = "formula of csrc/codec/codec.h (qcomm._C not importable)"

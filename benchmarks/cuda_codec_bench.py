@@ -18,7 +18,7 @@ QCOMM_CUDA_ENCODE_BLOCKS=3, the resident grid and 3-block encoders, the default 
 2026-11-30; csrc/cuda/tuning.h holds the defaults), in turns with the default in the same way,
 and a second table gives them side by side, each row printed and written as it is done. The
 extension reads its settings once per process, so every change of them is followed by
-_C._testing.reload_settings(). A timing that raises (a refused launch, a CUDA error) reads
+qcomm.reload_settings(). A timing that raises (a refused launch, a CUDA error) reads
 "error" in its cells and the rest go on; the exit status is then 1.
 
 Each timed region starts behind a queued torch.cuda._sleep, so the GPU runs the region's launches
@@ -35,7 +35,6 @@ import qbench
 import torch
 
 import qcomm
-from qcomm import _C
 
 # name, settings, the kernels it changes
 VARIANTS = (
@@ -79,14 +78,14 @@ def timed_env(fn, env: dict[str, str], iters=20):
     old = {k: os.environ.pop(k, None) for k in SETTINGS}
     os.environ.update(env)
     try:
-        _C._testing.reload_settings()
+        qcomm.reload_settings()
         return timed(fn, iters)
     finally:
         for k, v in old.items():
             os.environ.pop(k, None)
             if v is not None:
                 os.environ[k] = v
-        _C._testing.reload_settings()
+        qcomm.reload_settings()
 
 
 def best_of(jobs):
@@ -131,15 +130,15 @@ def codec_kernels(x):
     out = []
     for bits in (8, 4):
         for sym in (False, True):
-            enc = _C._testing.cuda_codec_encode(x, bits, 128, sym)
+            enc = qcomm.codec.encode(x, bits, 128, sym)
             moved = n * 4 + enc.numel()  # bytes read plus written, either way
             scale = "sym" if sym else "asym"
 
             def encode(b=bits, s=sym):
-                return _C._testing.cuda_codec_encode(x, b, 128, s)
+                return qcomm.codec.encode(x, b, 128, s)
 
             def decode(e=enc, b=bits, s=sym):
-                return _C._testing.cuda_codec_decode(e, n, b, 128, s)
+                return qcomm.codec.decode(e, n, b, 128, s)
 
             out += [("encode", bits, scale, moved, encode), ("decode", bits, scale, moved, decode)]
     return out

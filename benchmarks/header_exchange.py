@@ -9,7 +9,7 @@ latency):
 
 * the header exchange alone (a Gloo all-gather of the header's bytes), per-iteration maximum over
   ranks, after 200 warm-up exchanges;
-* the host cost of the fingerprint that replaces it (qcomm._C._testing.plan_fingerprint: the plan
+* the host cost of the fingerprint that replaces it (qcomm.plan_fingerprint: the plan
   built and hashed, plus a Python call's overhead, so an upper bound);
 * with --share, the header exchange's share of a quantized CPU allreduce of each size, timed in
   the same processes, in rounds of one allreduce and then ten exchanges (the CPU path keeps its
@@ -81,12 +81,12 @@ def _fingerprint_us(calls=20000):
     import qcomm
 
     cfg = qcomm.QuantConfig(min_bytes=0).encoded()
-    fp = qcomm._C._testing.plan_fingerprint
+    fp = qcomm.plan_fingerprint
     best = []
     for _ in range(5):
         t0 = time.perf_counter()
         for i in range(calls):
-            fp(cfg, 1 << 20, torch.float32, False, i)
+            fp(1 << 20, torch.float32, cfg, False, i)
         best.append((time.perf_counter() - t0) / calls)
     return statistics.median(best) * 1e6
 

@@ -43,7 +43,6 @@ def run(mib: int) -> int:
     import torch
 
     import qcomm
-    from qcomm import _C
 
     if not (torch.cuda.is_available() and qcomm.compiled_with_cuda()):
         print("needs a CUDA device and the CUDA build of qcomm", file=sys.stderr)
@@ -54,19 +53,19 @@ def run(mib: int) -> int:
     torch.add(x, 0, out=y)  # the streaming reference
     for bits in (8, 4):
         for sym in (False, True):
-            enc = _C._testing.cuda_codec_encode(x, bits, 128, sym)
-            _C._testing.cuda_codec_decode(enc, n, bits, 128, sym)
+            enc = qcomm.codec.encode(x, bits, 128, sym)
+            qcomm.codec.decode(enc, n, bits, 128, sym)
             # the encoder compiled for 3 and for 4 blocks per SM (one of them the default); the
             # extension reads its settings once per process, so they are reloaded at each change
             old = os.environ.pop("QCOMM_CUDA_ENCODE_BLOCKS", None)
             for value in ("3", "4"):
                 os.environ["QCOMM_CUDA_ENCODE_BLOCKS"] = value
-                _C._testing.reload_settings()
-                _C._testing.cuda_codec_encode(x, bits, 128, sym)
+                qcomm.reload_settings()
+                qcomm.codec.encode(x, bits, 128, sym)
             del os.environ["QCOMM_CUDA_ENCODE_BLOCKS"]
             if old is not None:
                 os.environ["QCOMM_CUDA_ENCODE_BLOCKS"] = old
-            _C._testing.reload_settings()
+            qcomm.reload_settings()
     torch.cuda.synchronize()
     print(f"ran the codec kernels once each on {mib} MiB of fp32, the encoders in three variants")
     return 0

@@ -11,7 +11,7 @@ allreduce for each --algorithms x --bits, every one --iters times (median, and m
 with --interleave, Gloo's two and every configuration once per round, round after round.
 Rank 0 prints a table with ratios measured side by side in this one run, and writes --csv. With
 --isas generic,avx512 (say) every quantized configuration runs once with each instruction set of
-the CPU codec loops (qcomm._C._testing.set_cpu_isa on every rank), labelled "algorithm [isa]".
+the CPU codec loops (qcomm.set_cpu_isa on every rank), labelled "algorithm [isa]".
 
 --collective reduce_scatter (or all_gather) times that collective instead, Gloo's against qnccl's
 (QuantConfig(reduce_scatter=True, all_gather=True)); a size is then the message: the
@@ -140,7 +140,7 @@ def worker(args) -> int:
             configs.append(("qnccl off", "-", qcomm._C.cpu_isa(), off))
 
         def one_config(x, isa, cfg, rounds):
-            qcomm._C._testing.set_cpu_isa(isa)
+            qcomm.set_cpu_isa(isa)
             qcomm.set_config(cfg)
             before = qcomm.stats()["wire_bytes"]
             got = timed(lambda t: collective(what_call, t), x.clone, rounds)

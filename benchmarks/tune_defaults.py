@@ -39,7 +39,6 @@ def worker(args) -> int:
     import torch.distributed as dist
 
     import qcomm
-    from qcomm import _C
 
     qbench.join(args, "qnccl", qcomm.QuantConfig())
     gloo = dist.new_group(backend="gloo")
@@ -47,7 +46,7 @@ def worker(args) -> int:
     # connections with them (one that did ran up to 1.3x slower than the same fixed configuration)
     timing = dist.new_group(backend="gloo")
     fixed = dist.new_group(backend="qnccl", pg_options=qcomm.QuantConfig(tune=False))
-    cands = [c for c in _C._testing.tune_candidates(args.world) if c != "exact"]
+    cands = [c for c in qcomm.tune_candidates(args.world) if c != "exact"]
     rows = []
 
     def once(fn, x):

@@ -15,7 +15,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from . import _C, _tuning
+from . import _C, _tuning, codec  # noqa: F401 (codec: API)
 from .config import ALGORITHMS, ENV_VARS, QuantConfig, from_env, resolve  # noqa: F401 (API)
 
 __version__ = (
@@ -38,9 +38,14 @@ __all__ = [
     "cuda_ipc_profile",
     "cpu_isa",
     "cpu_isas",
+    "set_cpu_isa",
     "settings",
+    "reload_settings",
     "tune",
     "tuning",
+    "tune_candidates",
+    "plan_fingerprint",
+    "codec",
 ]
 
 BACKEND = "qnccl"
@@ -63,6 +68,13 @@ def cpu_isas() -> list:
     return list(_C.cpu_isas())
 
 
+def set_cpu_isa(name: str) -> str:
+    """Runs the CPU codec loops of instruction set `name` from now on, in this process: "auto"
+    (the widest this CPU has) or one of :func:`cpu_isas`, as QCOMM_CPU_ISA does at start; returns
+    the one used before. The same bits from each; for comparing their speed."""
+    return _C.set_cpu_isa(name)
+
+
 def settings() -> list:
     """Every ``QCOMM_*`` setting the library reads, as declared in one place
     (csrc/common/settings.cpp): a list of dicts with its name, value now, source ("environment"
@@ -80,6 +92,13 @@ def settings() -> list:
             }
         )
     return out
+
+
+def reload_settings() -> None:
+    """Forgets the process-scoped settings read so far (``scope`` "process" in :func:`settings`),
+    so that each is read from the environment again at its next use: for a program that changes
+    ``os.environ`` after a setting was read. Groups already created keep what they took."""
+    _C.reload_settings()
 
 
 _logged_settings = False
@@ -385,6 +404,32 @@ def plan(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, collective="all
         shard, message = flat, torch.empty(flat.numel() * world, dtype=tensor.dtype)
         op = dist.ReduceOp.SUM
     return dict(be.plan_sharded(COLLECTIVES[collective], message, shard, op))
+
+
+def plan_fingerprint(
+    numel: int, dtype=torch.float32, config=None, average: bool = False, call_seq: int = 0, world=2
+) -> int:
+    """The 32-bit fingerprint of the plan of an allreduce (SUM, or AVG with `average`) of
+    `numel` elements of `dtype` on `world` ranks with `config` (a QuantConfig, or its
+    ``encoded()`` dict; default ``QuantConfig()``), as call number `call_seq`: what the ranks of
+    a quantized CUDA call over CUDA IPC compare in its first barrier kernel instead of exchanging
+    the plan's header (docs/architecture.md). Equal plans, equal fingerprints."""
+    if not isinstance(config, dict):
+        config = (config or QuantConfig()).encoded()
+    return _C.plan_fingerprint(config, numel, dtype, average, call_seq, world)
+
+
+def tune_candidates(world: int, collective: str = "all_reduce", stream_ordered=False) -> list:
+    """What the tuner times against the exact call for `collective` ("all_reduce",
+    "reduce_scatter", "all_gather") on `world` ranks, in its order: "exact", then
+    "<algorithm>/<microshards>" (the names of :func:`tuning`'s ``choice``). `stream_ordered`:
+    those of CUDA tensors, whose transports move chunks whole (microshards change nothing)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(
+            f"qcomm.tune_candidates: collective must be one of {', '.join(COLLECTIVES)}, "
+            f"got {collective!r}"
+        )
+    return list(_C.tune_candidates(world, stream_ordered, COLLECTIVES[collective]))
 
 
 def tune(

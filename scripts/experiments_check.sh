@@ -42,7 +42,7 @@ build() {
   else
     git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$WORK"
   fi
-  (cd "$WORK" && PATH="$(dirname "$PY"):$PATH" QCOMM_CUDA=0 QCOMM_EXPERIMENTS=1 \
+  (cd "$WORK" && PATH="$(dirname "$PY"):$PATH" QCOMM_CUDA=0 QCOMM_EXPERIMENTS=1 QCOMM_TEST_HOOKS=1 \
     MAX_JOBS="${MAX_JOBS:-2}" "$PY" setup.py -q build_ext --inplace >build.log 2>&1) \
     || { tail -40 "$WORK/build.log"; exit 1; }
   (cd "$WORK" && PYTHONPATH="$WORK" "$PY" -c \

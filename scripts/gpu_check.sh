@@ -145,7 +145,7 @@ note "CXX=${CXX:-unset}; $(${CXX:-c++} --version 2>/dev/null | head -1)"
 EXPERIMENTS="${EXPERIMENTS:-0}"
 build() {
   # BUILD_CAP: a longer bound for a dry run on a small machine (2 cores take ~5 minutes)
-  QCOMM_CUDA=1 QCOMM_EXPERIMENTS="$EXPERIMENTS" MAX_JOBS="${MAX_JOBS:-16}" \
+  QCOMM_CUDA=1 QCOMM_EXPERIMENTS="$EXPERIMENTS" QCOMM_TEST_HOOKS=1 MAX_JOBS="${MAX_JOBS:-16}" \
     timeout -k 10 "${BUILD_CAP:-$(plan_cap build)}" "$PY" setup.py -q build_ext --inplace \
     >"$LOGS/build.log" 2>&1
 }
@@ -175,7 +175,7 @@ probe() {
   timeout -k 5 "$(plan_cap probe)" "$PY" - <<'EOF' 2>&1
 import torch, qcomm
 try:
-    qcomm._C._testing.codec_encode(torch.randn(10), 6, 128, True)
+    qcomm.codec.encode(torch.randn(10), 6, 128, True)
     print("probe: no exception raised")
 except ValueError as e:
     print("probe: ok (ValueError raised)")
@@ -311,7 +311,7 @@ run_step 40 "$LOGS/ipc_bench.txt" env QCOMM_IPC_SPIN_TIMEOUT_MS=5000 \
   --sizes-mib 16,64,256 --csv "$OUT/separate_two_step.csv"
 
 # the separate kernels with a buffer 4x the default: a rank's slot of 64 MiB of fp32 at 8 bits
-# (8.5 MiB with 2 ranks; qcomm._C._testing.encoded_bytes) is over the default buffer's round
+# (8.5 MiB with 2 ranks; qcomm.codec.encoded_bytes) is over the default buffer's round
 # (8 MiB), so it takes two rounds and is copied out of the buffer; with 128 MiB it takes one
 # round, read where it landed
 step "separate kernels over CUDA IPC, 2 ranks, 128 MiB buffers (one round where 32 take two)"

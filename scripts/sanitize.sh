@@ -17,8 +17,8 @@ cd "$WORK"
 echo "[sanitize] building in $WORK with -fsanitize=address,undefined" >&2
 export QCOMM_CUDA=0  # a CPU-only build; tests/cuda/test_build.py reads this too
 FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
-QCOMM_EXTRA_CFLAGS="$FLAGS" MAX_JOBS="${MAX_JOBS:-2}" "$PY" setup.py -q build_ext --inplace \
-  >build.log 2>&1 || { tail -40 build.log; exit 1; }
+QCOMM_EXTRA_CFLAGS="$FLAGS" QCOMM_TEST_HOOKS=1 MAX_JOBS="${MAX_JOBS:-2}" \
+  "$PY" setup.py -q build_ext --inplace >build.log 2>&1 || { tail -40 build.log; exit 1; }
 ASAN_LIB="$(gcc -print-file-name=libasan.so)"
 UBSAN_LIB="$(gcc -print-file-name=libubsan.so)"
 export LD_PRELOAD="$ASAN_LIB:$UBSAN_LIB"

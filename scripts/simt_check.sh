@@ -139,7 +139,7 @@ if [[ "$WHAT" == schedules ]]; then
   bg_obj "$OUTDIR/cuda_codec_ops.o" csrc/cuda/cuda_codec_ops.cpp -DQCOMM_WITH_CUDA=1
   objs=()
   for f in algo/gather algo/ring algo/run algo/scratch algo/semi_ring algo/two_step plan/plan \
-    plan/config plan/tuning codec/codec_ops python/ipc_emulation cuda/ipc_layout; do
+    plan/config plan/tuning codec/codec_ops testing/ipc_emulation cuda/ipc_layout; do
     bg_obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"
     objs+=("$OUTDIR/${f#*/}.o")
   done
@@ -152,7 +152,7 @@ if [[ "$WHAT" == schedules ]]; then
 fi
 if [[ "$WHAT" == exchange || "$WHAT" == all ]]; then
   bg_obj "$OUTDIR/ipc_kernels.o" csrc/cuda/ipc_kernels.cu "${KERNEL[@]}"
-  for f in python/ipc_emulation cuda/ipc_layout; do bg_obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"; done
+  for f in testing/ipc_emulation cuda/ipc_layout; do bg_obj "$OUTDIR/${f#*/}.o" "csrc/$f.cpp"; done
   bg_obj "$OUTDIR/exchange_main.o" tests/native/simt/exchange_main.cpp
   joined
   "$CXX" "$OUTDIR/exchange_main.o" "$OUTDIR/ipc_kernels.o" "$OUTDIR/ipc_emulation.o" \

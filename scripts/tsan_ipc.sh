@@ -14,7 +14,7 @@ mkdir -p "$OUTDIR"
 cd "$ROOT"
 g++ -std=c++17 -O1 -g -fsanitize=thread -fno-omit-frame-pointer -ffp-contract=off \
   -D_GLIBCXX_USE_CXX11_ABI=1 -I csrc -I "$TORCH/include" \
-  tests/native/exchange_race.cpp csrc/python/ipc_emulation.cpp csrc/cuda/ipc_layout.cpp \
+  tests/native/exchange_race.cpp csrc/testing/ipc_emulation.cpp csrc/cuda/ipc_layout.cpp \
   -L "$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -lpthread \
   -o "$OUTDIR/exchange_race"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" "$OUTDIR/exchange_race"

@@ -136,7 +136,7 @@ class QncclBackend : public c10d::Backend {
   void abort() override;
 
  private:
-  // The test hooks (csrc/python/testing.cpp) reach the state they set through this one friend:
+  // The test hooks (csrc/testing/testing.cpp) reach the state they set through this one friend:
   // the class has no methods for tests.
   friend struct BackendTestAccess;
   // A Call built by an entry point: held by this backend while queued, then issued.

@@ -1,5 +1,5 @@
 // The separate kernels' barrier over the CUDA-IPC buffers, written once for two executors: the
-// barrier kernel (ipc_kernels.cu, one thread) and a host emulation (csrc/python/ipc_emulation.cpp,
+// barrier kernel (ipc_kernels.cu, one thread) and a host emulation (csrc/testing/ipc_emulation.cpp,
 // one thread per rank over host memory) that the CPU tests run. Each executor `ex` provides
 // release(flag, v), load(flag) (an acquire load), wait(flag, value, step, peer, index) (false: it
 // gave up, the error is recorded) and mismatch(peer, theirs, mine) (records that the peer's call

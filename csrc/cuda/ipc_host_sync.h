@@ -1,7 +1,7 @@
 // The host side of ipc_sync.cuh: acquire loads, release stores, a rank's first error and the
 // bounded spin of a wait through the CUDA-IPC buffers (ipc_layout.h), for the emulations that run
 // the IPC protocols with one CPU thread per rank over host memory (the separate kernels' barrier,
-// csrc/python/ipc_emulation.cpp; the fused experiment's protocol, csrc/experiments/ipc_fused/).
+// csrc/testing/ipc_emulation.cpp; the fused experiment's protocol, csrc/experiments/ipc_fused/).
 // Plain host C++: no CUDA and no torch. `A` is any argument struct with IpcPeers' fields (buffers,
 // world, rank, timeoutNs, hostError); they give up as the kernels do.
 #pragma once

@@ -87,7 +87,7 @@ std::string describeIpcError(const IpcError& e);
 // store: a memset on the device, a release store on the host), so that every rank's spins end at
 // once: what a rank does when its call fails outside its kernels (a launch failing part-way, and
 // an error before the call's launches: IpcTransport::abortPeers and abandon; the host emulation,
-// csrc/python/ipc_emulation.cpp). `buffers`: every rank's buffer as mapped here, null where not.
+// csrc/testing/ipc_emulation.cpp). `buffers`: every rank's buffer as mapped here, null where not.
 template <class Set>
 void ipcSetAbortWords(uint8_t* const* buffers, int world, Set&& set) {
   for (int r = 0; r < world && r < kIpcMaxRanks; ++r) {

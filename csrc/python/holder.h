@@ -1,4 +1,4 @@
-// The pybind11 holder of qcomm's c10d::Backend subclasses (python/module.cpp, python/testing.cpp).
+// The pybind11 holder of qcomm's c10d::Backend subclasses (python/module.cpp, testing/testing.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -1,6 +1,8 @@
 // Python bindings of qcomm._C: the backend class, its configuration and statistics, the settings,
-// and what the build holds. Test-only hooks live in the qcomm._C._testing submodule
-// (python/testing.cpp), not here.
+// the codec (python/codec.cpp), and what the build holds. Every binding here is behind a
+// documented function of qcomm/ (docs/api.md). The test hooks are a module of their own,
+// qcomm._testing (csrc/testing/), built for the tests only and linked against this one: nothing
+// for tests is in a user's qcomm._C.
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
@@ -8,9 +10,10 @@
 #include "backend/backend.h"
 #include "codec/codec_cpu.h"
 #include "common/settings.h"
+#include "plan/tuning.h"
+#include "python/codec.h"
 #include "python/convert.h"
 #include "python/holder.h"
-#include "python/testing.h"
 
 namespace py = pybind11;
 
@@ -240,9 +243,45 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("name"), py::arg("raw"));
 
-  // the CPU codec loops' instruction set (codec_cpu.h): those this CPU has and the one in use
+  m.def("reload_settings", &settings::reload,
+        "forget the process-scoped settings read so far (qcomm.reload_settings)");
+
+  // the CPU codec loops' instruction set (codec_cpu.h): those this CPU has, the one in use, and
+  // the switch (qcomm.set_cpu_isa, as QCOMM_CPU_ISA; the benchmarks compare them)
   m.def("cpu_isas", &cpuIsas);
   m.def("cpu_isa", &cpuIsa);
+  m.def("set_cpu_isa", &setCpuIsa, py::arg("name"));
+  registerCodec(m);
+
+  // the tuner's candidates (plan/tuning.h), by name, in the order it measures them
+  m.def(
+      "tune_candidates",
+      [](int world, bool streamOrdered, int32_t collective) {
+        std::vector<std::string> out;
+        for (const TuneChoice& c : tuneCandidates(world, streamOrdered, collective)) {
+          out.push_back(choiceName(c));
+        }
+        return out;
+      },
+      py::arg("world"), py::arg("stream_ordered") = false, py::arg("collective") = 0);
+  // the call fingerprint the CUDA-IPC barrier compares (plan.h planFingerprint), of the plan a
+  // call of `numel` elements of `dtype` would have on `world` ranks
+  m.def(
+      "plan_fingerprint",
+      [](py::object cfg, int64_t numel, at::ScalarType dtype, bool average, uint32_t callSeq,
+         int world) {
+        CallFacts f;
+        f.numel = numel;
+        f.dtype = dtypeCode(dtype);
+        f.opSum = !average;
+        f.opAvg = average;
+        f.world = world;
+        Plan plan = makePlan(f, configFrom(cfg));
+        plan.callSeq = callSeq;
+        return planFingerprint(plan);
+      },
+      py::arg("config"), py::arg("numel"), py::arg("dtype"), py::arg("average") = false,
+      py::arg("call_seq") = 0, py::arg("world") = 2);
   m.def("cuda_archs", &cudaArchs);
   m.def("compiled_with_cuda", []() {
 #ifdef QCOMM_WITH_CUDA
@@ -258,7 +297,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return false;
 #endif
   });
-
-  py::module testing = m.def_submodule("_testing", "test-only hooks (not a public API)");
-  registerTesting(testing, backendBase);
 }

@@ -4,7 +4,7 @@
 // path around them. CopySchedule is the schedule of those copies, written once for two executors:
 // the CUDA one (gpu::ExchangeKernels, csrc/cuda/ipc_kernels.h: a copy kernel per step, up to W
 // copies each, and a one-thread barrier kernel, all enqueued on the call's stream) and a host one
-// (csrc/python/ipc_emulation.h: memcpy and the same barrier on host memory, one thread per rank)
+// (csrc/testing/ipc_emulation.h: memcpy and the same barrier on host memory, one thread per rank)
 // that the CPU tests run against the reference; IpcExchangeTransport runs an algorithm's
 // exchanges through it.
 //

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from checks import gpu
 
 import qcomm
-from qcomm import _C
+from qcomm import _testing
 from qcomm import reference as ref
 
 from dist_util import run_ranks
@@ -71,7 +71,7 @@ def _one(rank, world, i, case):
     qcomm.set_config(cfg)
     xs = _inputs(world, numel, dtype, i)
     seq = qcomm.stats()["next_call_seq"]
-    y = _C._testing.collective_allreduce_for_test(qcomm.backend_of(), xs[rank].clone(), avg)
+    y = _testing.collective_allreduce_for_test(qcomm.backend_of(), xs[rank].clone(), avg)
     problems = []
     if qcomm.stats()["next_call_seq"] != seq:
         problems.append(f"{name}: the hook advanced the call sequence number")
@@ -124,7 +124,7 @@ def _world1_worker(rank, world):
                     algorithm=algo, rs_bits=rs, ag_bits=ag, min_bytes=0, stochastic_rounding=sr
                 )
             )
-            y = _C._testing.collective_allreduce_for_test(
+            y = _testing.collective_allreduce_for_test(
                 be, x.clone(), avg, force_world1=True, call_seq=seq
             )
             model_algo = "ring" if algo == "semi_ring" else algo  # semi_ring: no chain at W=1
@@ -135,7 +135,7 @@ def _world1_worker(rank, world):
                 problems.append(f"W=1 {algo} {rs}/{ag} {dtype} avg={avg} sr={sr}: != reference")
     # without force_world1 a group of one passes through: the hook says so
     try:
-        _C._testing.collective_allreduce_for_test(be, torch.ones(8), False)
+        _testing.collective_allreduce_for_test(be, torch.ones(8), False)
         problems.append("a world-1 plan without force_world1 ran")
     except ValueError as e:
         if "world size 1" not in str(e):
@@ -176,7 +176,7 @@ def _rotated_worker(rank, world):
         )
         xs = _inputs(world, numel, dtype, 500 + i)
         seq = qcomm.stats()["next_call_seq"]
-        y = _C._testing.collective_allreduce_for_test(be, xs[rank].clone(), avg)
+        y = _testing.collective_allreduce_for_test(be, xs[rank].clone(), avg)
         x = xs[rank].clone()
         dist.all_reduce(x, op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM)
         if not _same(y, x):
@@ -213,8 +213,15 @@ def _hop_case(i, in_bits, out_bits, dtype, sym, stochastic, n=1000):
 
 def _hop(src, local, cin, cout, noise):
     salt, base = noise if noise is not None else (None, 0)
-    return _C._testing.codec_ops_hop(
-        src, cin.bits, local, cout.bits, cin.group_size, cin.symmetric, salt, base
+    return qcomm.codec.ring_hop(
+        src,
+        local,
+        cin.bits,
+        cout.bits,
+        cin.group_size,
+        cin.symmetric,
+        noise_salt=salt,
+        noise_base=base,
     )
 
 
@@ -230,7 +237,7 @@ def test_cpu_codec_ops_hop_matches_reference():
         n = local.numel()
         if ib:
             # the CPU codec's decode, checked against the model in test_codec.py
-            decoded = _C._testing.codec_decode(src, n, ib, cin.group_size, sym, dtype)
+            decoded = qcomm.codec.decode(src, n, ib, cin.group_size, sym, dtype)
         else:
             decoded = src.view(dtype).float()
         want = decoded + local.float()
@@ -267,11 +274,11 @@ def _cuda_worker(rank, world):
                     algorithm=algo, rs_bits=rs, ag_bits=ag, min_bytes=0, stochastic_rounding=sr
                 )
             )
-            want = _C._testing.collective_allreduce_for_test(be, x.clone(), avg, force_world1=True)
+            want = _testing.collective_allreduce_for_test(be, x.clone(), avg, force_world1=True)
             stream = side if i % 2 else torch.cuda.current_stream()
             with torch.cuda.stream(stream):
                 xc = x.cuda()
-                got = _C._testing.collective_allreduce_for_test(be, xc, avg, force_world1=True)
+                got = _testing.collective_allreduce_for_test(be, xc, avg, force_world1=True)
             stream.synchronize()
             if got.data_ptr() != xc.data_ptr() or not _same(got.cpu(), want):
                 problems.append(f"CUDA {algo} {rs}/{ag} {dtype} n={numel} avg={avg} sr={sr}")

@@ -2,7 +2,7 @@
 tests/algo/data/wire_fixture.json, so that a refactoring can show it changed neither.
 
 Ranks are threads of this process over real Gloo backends, each wrapped in a recording backend
-(qcomm._C._testing.RecordingBackend) that logs every send (peer, tag, length, a digest of the
+(_testing.RecordingBackend) that logs every send (peer, tag, length, a digest of the
 bytes), every posted receive (peer, tag, length), the plan header's exchange, and the sizes of
 collectives. For each case and rank the fixture holds a digest of the output's bytes and a digest
 of the sorted wire log. Two paths run: the backend's allreduce (what dist.all_reduce does on CPU
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 import qcomm
-from qcomm import _C
+from qcomm import _testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import inproc  # noqa: E402 (tests/inproc.py)
@@ -40,13 +40,6 @@ BITS = [(8, 8), (4, 8), (4, 4), (None, 8), (8, None)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 NUMELS = [1, 1000, 65539, 300001]
 WORLDS = [2, 3, 4]
-
-
-def _testing(name):
-    t = getattr(_C, "_testing", None)
-    if t is not None and hasattr(t, name):
-        return getattr(t, name)
-    return getattr(_C, name)
 
 
 def cases():
@@ -171,19 +164,19 @@ def _call(g, r, outs, path, avg, ins=None):
         o.reduceOp = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
         g.backends[r].allreduce([outs[r]], o).wait()
     else:
-        outs[r] = _testing("collective_allreduce_for_test")(g.backends[r], outs[r], avg)
+        outs[r] = _testing.collective_allreduce_for_test(g.backends[r], outs[r], avg)
 
 
 def run_cases():
     """{case name: [[output digest, wire digest, header digest, messages] per rank]}: the plan
     header's exchange (the all-gathers of plan_header_bytes() bytes) is digested apart from the
     rest of the wire, so that a change of the header alone shows no other byte moved."""
-    header_bytes = _testing("plan_header_bytes")()
+    header_bytes = _testing.plan_header_bytes()
     result = {}
     groups = {}
     for seed, (name, world, path, cfg, dtype, numel, avg) in enumerate(cases()):
         if world not in groups:
-            groups[world] = inproc.InProcGroup(world, 120.0, _testing("RecordingBackend"))
+            groups[world] = inproc.InProcGroup(world, 120.0, _testing.RecordingBackend)
         g = groups[world]
         xs = _inputs(world, numel, dtype, seed)
         outs, ins = [x.clone() for x in xs], None

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import qcomm
+from qcomm import _testing
 from qcomm import reference as ref
 
 from dist_util import first_answer, peer_fault, run_ranks, short_timeout_group
@@ -205,7 +206,7 @@ def _cuda_agreement_worker(rank, world):
     big, small = _inputs(1, world, 1 << 16), _inputs(2, world)
     xl, xa = big[rank].clone(), small[rank].clone()
     if rank == 0:
-        qcomm._C._testing.hold_buffer_lock(be, 1.0)
+        _testing.hold_buffer_lock(be, 1.0)
     works = {"L": dist.all_reduce(xl, async_op=True), "A": dist.all_reduce(xa, async_op=True)}
     problems = []
     if rank == 1:
@@ -215,7 +216,7 @@ def _cuda_agreement_worker(rank, world):
             problems.append(f"A: {e}")
     t0 = time.monotonic()
     try:
-        qcomm._C._testing.agree_as_cuda_calls_do(
+        _testing.agree_as_cuda_calls_do(
             be, torch.empty(1000), timeout=datetime.timedelta(seconds=20)
         )
     except RuntimeError as e:
@@ -298,7 +299,7 @@ def _destroy_queued_worker(rank, world):
         seconds,
         [w.is_completed() for w in works],
         [float(b[0]) for b in bufs],
-        qcomm._C._testing.progress_threads(),
+        _testing.progress_threads(),
     )
 
 
@@ -328,7 +329,7 @@ def _destroy_alone_rank(rank, world, init_file, out):
             errors.append("")
         except RuntimeError as e:
             errors.append(str(e))
-    out.put((seconds, errors, qcomm._C._testing.progress_threads()))
+    out.put((seconds, errors, _testing.progress_threads()))
 
 
 def test_destroy_with_calls_a_peer_never_issues_ends_within_the_timeout(tmp_path):
@@ -360,9 +361,9 @@ def _thread_count_worker(rank, world, init_file):
         works = [dist.all_reduce(torch.ones(20000), async_op=True) for _ in range(4)]
         for w in works:
             w.wait()
-        assert qcomm._C._testing.progress_threads() == 1
+        assert _testing.progress_threads() == 1
         dist.destroy_process_group()
-        counts.append((_threads_of_this_process(), qcomm._C._testing.progress_threads()))
+        counts.append((_threads_of_this_process(), _testing.progress_threads()))
     return counts
 
 

@@ -46,11 +46,11 @@ def _check_on_one_rank_worker(rank, world):
     # creation: every rank checks if any asks.
     if rank == 0:
         os.environ["QCOMM_DEBUG"] = "CHECK"
-    qcomm._C._testing.reload_settings()
+    qcomm.reload_settings()
     sub = dist.new_group([0, 1], backend="qnccl")
     checks = qcomm.backend_of(sub).check_calls()
     os.environ.pop("QCOMM_DEBUG", None)
-    qcomm._C._testing.reload_settings()
+    qcomm.reload_settings()
     plain = dist.new_group([0, 1], backend="qnccl")
     return checks, qcomm.backend_of(plain).check_calls()
 

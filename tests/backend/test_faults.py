@@ -23,7 +23,7 @@ import torch.distributed as dist
 from tuning_env import factors_for, tune_env
 
 import qcomm
-from qcomm import _C, _tuning
+from qcomm import _testing, _tuning
 from qcomm import reference as ref
 
 from dist_util import first_answer, peer_fault, run_ranks, short_timeout_group
@@ -75,7 +75,7 @@ def _issue(kind, rank, world, seed, n=N):
 def _callback_worker(rank, world, first, second, fixed):
     # w1 waits a second for the group's buffers (as behind a slow call): its callback is attached
     # before it completes, so the callback runs on the progress thread
-    _C._testing.hold_buffer_lock(qcomm.backend_of(), 1.0)
+    _testing.hold_buffer_lock(qcomm.backend_of(), 1.0)
     w1, o1, e1, r1 = _issue(first, rank, world, 1)
     w2, o2, e2, r2 = _issue(second, rank, world, 2)
     # Gloo: the callback runs when w1 completes and waits for w2, which its own thread runs
@@ -193,7 +193,7 @@ def _premul_list_worker(rank, world, init_file, mode):
     n = 1000
     problems = []
     if mode == "tuned_exact":
-        _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors_for("exact", world, 1))
+        _testing.set_tune_timing_factors(qcomm.backend_of(), factors_for("exact", world, 1))
         dist.reduce_scatter_tensor(torch.empty(n), _x(rank, world * n, 9))  # tunes the class
         table = qcomm.tuning()
         if [e["choice"] for e in table if e["collective"] == "reduce_scatter"] != ["exact"]:
@@ -250,7 +250,7 @@ def _refused_worker(rank, world, init_file, favour, pretune):
     cfg = qcomm.QuantConfig(min_bytes=0, reduce_scatter=True, tune=True)
     short_timeout_group(init_file, rank, world, 10, cfg)
     if favour is not None:
-        _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world, 1))
+        _testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world, 1))
     problems = []
     # valid calls first (1-D: a valid 2-D call is test_a_valid_2d_sharded_call_under_tuning's):
     # the class of W of the refused call's outputs (64 floats, 256 B) is tuned before it, and
@@ -310,7 +310,7 @@ def _two_d_worker(rank, world, init_file, favour):
     short_timeout_group(init_file, rank, world, 10, cfg)
     if favour is not None:
         be = qcomm.backend_of()
-        _C._testing.set_tune_timing_factors(be, factors_for(favour, world, 1))
+        _testing.set_tune_timing_factors(be, factors_for(favour, world, 1))
     problems = []
     for rows in (3, 64):
         xs = [_x(r, world * rows * 8, rows).reshape(world * rows, 8) for r in range(world)]
@@ -487,7 +487,7 @@ def test_the_tuning_cache_key_tells_rotate_none_from_true():
 
 def _reset_worker(rank, world):
     cfg = qcomm.get_config()
-    _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors_for("two_step/1", world, 1))
+    _testing.set_tune_timing_factors(qcomm.backend_of(), factors_for("two_step/1", world, 1))
     w, *_ = _issue("reduce_scatter", rank, world, 1)  # tunes a reduce-scatter class
     w.wait()
     w, *_ = _issue("all_reduce", rank, world, 2)  # and an allreduce class

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import qcomm
-from qcomm import _C
+from qcomm import _testing
 
 from dist_util import run_ranks
 
@@ -60,9 +60,9 @@ def _count_worker(rank, world, tune):
     counts = {}
     for name, issue in _calls(rank, world):
         issue()  # the first call of a class may measure it (the tuner plans its candidates)
-        before = _C._testing.plans_made()
+        before = _testing.plans_made()
         issue()
-        counts[name] = _C._testing.plans_made() - before
+        counts[name] = _testing.plans_made() - before
     s = qcomm.stats()
     return counts, s["quantized_calls"], s["tuned_classes"]
 

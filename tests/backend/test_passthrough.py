@@ -1073,6 +1073,7 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
 
     # importing again / reloading is harmless: qnccl stays registered once
     import qcomm as again  # noqa: F401
+    from qcomm import _testing
 
     assert again is qcomm
     reloaded = importlib.reload(qcomm)
@@ -1087,7 +1088,7 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
     q_twice = _destroy_twice()
     # destroy_process_group destroyed the backend (and with it the inner Gloo backend) before it
     # returned, not at some later garbage collection
-    assert qcomm._C._testing.live_backends() == 0
+    assert _testing.live_backends() == 0
 
     # the same with a plain gloo default group, for comparison. Of world size 1 (its own file per
     # rank): what a second destroy does does not depend on the world size, and a Gloo group of
@@ -1113,10 +1114,10 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
         assert qcomm.get_config(sub) == qcomm.QuantConfig(tune=False)
     dist.destroy_process_group(sub)  # a no-op on rank 2 (NON_GROUP_MEMBER)
     del sub  # the last reference to the subgroup: its backend goes with it
-    assert qcomm._C._testing.live_backends() == 1  # the default group's
+    assert _testing.live_backends() == 1  # the default group's
     _use_default_group(rank, world)
     dist.destroy_process_group()
-    assert qcomm._C._testing.live_backends() == 0
+    assert _testing.live_backends() == 0
 
     # file://, with pg_options: a fresh default group after two destroyed ones, quantizing
     file_barrier(tmp, "after-tcp", rank, world)
@@ -1131,7 +1132,7 @@ def _w_lifecycle(rank, world, env_port, tcp_port, tmp):
     _use_default_group(rank, world, quantize=True)
     dist.destroy_process_group()
     assert not dist.is_initialized()
-    assert qcomm._C._testing.live_backends() == 0
+    assert _testing.live_backends() == 0
     return {"destroy_twice": q_twice}
 
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from tuning_env import CANDIDATES, MIB, factors_for, tune_env
 
 import qcomm
-from qcomm import _C, _tuning
+from qcomm import _testing, _tuning
 from qcomm import reference as ref
 
 from dist_util import run_ranks
@@ -25,21 +25,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_decision_rule_prefers_exact_within_the_margin():
-    decide = _C._testing.tune_decide
+    decide = _testing.tune_decide
     assert decide([1.0, 0.96, 0.99], 0.05) == 0  # 4% faster: noise, exact stays
     assert decide([1.0, 0.90, 0.94], 0.05) == 1  # the fastest, beyond the margin
     assert decide([1.0, -1.0, 0.5], 0.05) == 2  # a dropped candidate (-1) is never chosen
     assert decide([1.0, 2.0, 3.0], 0.05) == 0
-    keep = _C._testing.tune_keep_after_first_run
+    keep = _testing.tune_keep_after_first_run
     assert keep([1.0, 1.9, 2.1, 1.2], 2.0) == [True, True, False, True]
     assert keep([5.0, 1.0], 2.0) == [True, True]  # exact is always measured to the end
     assert CANDIDATES[0] == "exact" and "two_step/4" in CANDIDATES
-    assert "semi_ring/4" in _C._testing.tune_candidates(3)
+    assert "semi_ring/4" in qcomm.tune_candidates(3)
 
 
 def test_timed_rounds_rotate_and_fit_the_budget():
-    order = _C._testing.tune_round_order
-    for n in (len(CANDIDATES), len(_C._testing.tune_candidates(3))):
+    order = _testing.tune_round_order
+    for n in (len(CANDIDATES), len(qcomm.tune_candidates(3))):
         m = n - 1
         rounds = [order(n, r) for r in range(m)]
         assert all(sorted(o) == list(range(n)) for o in rounds)  # every candidate once a round
@@ -49,7 +49,7 @@ def test_timed_rounds_rotate_and_fit_the_budget():
             assert sorted(o[pos] for o in rounds) == list(range(1, n))
         assert sorted(o[o.index(0) + 1] for o in rounds) == list(range(1, n))
         assert order(n, 0) == order(n, m)  # a function of the round alone: the same on every rank
-    tune_rounds = _C._testing.tune_rounds
+    tune_rounds = _testing.tune_rounds
     # budget / (the kept candidates' first runs), clamped: 0.5 s over 0.1 s rounds is 5
     assert tune_rounds([0.05, 0.03, 0.9, 0.02], [True, True, False, True], 0.5, 3, 15) == 5
     assert tune_rounds([0.5, 0.5], [True, True], 0.5, 3, 15) == 3  # at least the minimum
@@ -57,7 +57,7 @@ def test_timed_rounds_rotate_and_fit_the_budget():
 
 
 def test_a_noisy_first_run_drops_nothing_where_the_runs_are_cheap():
-    keep = _C._testing.tune_keep
+    keep = _testing.tune_keep
     # three rounds of these fit in 0.5 s: a first run 2.1x the fastest is kept (it was two_step/1
     # at 1 MiB over 1 Gbit/s, the fastest of the benchmark, dropped on one slow first run)
     assert keep([0.008, 0.0042, 0.002, 0.005], 2.0, 0.5, 3) == [True] * 4
@@ -66,7 +66,7 @@ def test_a_noisy_first_run_drops_nothing_where_the_runs_are_cheap():
 
 
 def _skewed_worker(rank, world, factors):
-    _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors[rank])
+    _testing.set_tune_timing_factors(qcomm.backend_of(), factors[rank])
     x = torch.randn(MIB // 4, generator=torch.Generator().manual_seed(rank))
     dist.all_reduce(x)
     return qcomm.tuning(), qcomm.stats()["tuned_classes"], qcomm.plan(x)
@@ -95,7 +95,7 @@ def test_every_rank_takes_the_same_choice_when_their_timings_differ(tmp_path):
 
 
 def _fixed_worker(rank, world, favour):
-    _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world))
+    _testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world))
     xs = [
         torch.randn(300_001, generator=torch.Generator().manual_seed(10 + r)) for r in range(world)
     ]
@@ -123,7 +123,7 @@ def test_a_tuned_plan_gives_the_bits_of_the_same_fixed_config(tmp_path, favour):
 
 def _cache_worker(rank, world, favour=None):
     if favour is not None:
-        _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world))
+        _testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world))
     x = torch.randn(MIB // 4)
     dist.all_reduce(x)
     return qcomm.tuning(), qcomm.stats()["tuned_classes"], qcomm.backend_of().tuning_cache()
@@ -260,7 +260,7 @@ def test_ranks_tuning_different_sizes_raise_alike_and_the_group_stays_usable(tmp
 
 def _async_ddp_worker(rank, world):
     be = qcomm.backend_of()
-    _C._testing.set_tune_timing_factors(be, factors_for("two_step/4"))
+    _testing.set_tune_timing_factors(be, factors_for("two_step/4"))
     xs = [
         torch.randn(n, generator=torch.Generator().manual_seed(n + rank)) for n in (MIB // 4, MIB)
     ]

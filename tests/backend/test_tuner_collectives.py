@@ -10,12 +10,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.distributed as dist
 from tuning_env import MIB, factors_for, tune_env
 
 import qcomm
-from qcomm import _C
+from qcomm import _testing
 from qcomm import reference as ref
 
 from dist_util import run_ranks
@@ -24,12 +25,16 @@ RS, AG = 1, 2
 
 
 def test_the_candidates_per_collective():
-    cands = _C._testing.tune_candidates
-    assert cands(2, False, RS) == ["exact", "two_step/1", "two_step/4", "two_step/16"]
-    assert cands(3, False, RS) == cands(2, False, RS)  # no ring reduce-scatter in auto
-    assert cands(2, False, AG) == ["exact", "two_step/1", "two_step/4"]
-    assert cands(2, True, RS) == cands(2, True, AG) == ["exact", "two_step/1"]
-    assert cands(2) == cands(2, False, 0) and "ring/4" in cands(2)  # the allreduce's, unchanged
+    cands = qcomm.tune_candidates
+    assert cands(2, "reduce_scatter") == ["exact", "two_step/1", "two_step/4", "two_step/16"]
+    assert cands(3, "reduce_scatter") == cands(2, "reduce_scatter")  # no ring RS in auto
+    assert cands(2, "all_gather") == ["exact", "two_step/1", "two_step/4"]
+    assert (
+        cands(2, "reduce_scatter", True) == cands(2, "all_gather", True) == ["exact", "two_step/1"]
+    )
+    assert cands(2) == cands(2, "all_reduce", False) and "ring/4" in cands(2)  # the allreduce's
+    with pytest.raises(ValueError, match="collective must be one of"):
+        cands(2, "broadcast")
 
 
 def _inputs(world, numel):
@@ -39,7 +44,7 @@ def _inputs(world, numel):
 
 
 def _rs_worker(rank, world, favour):
-    _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world, RS))
+    _testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world, RS))
     xs = _inputs(world, world * (MIB // 8))  # 1 MiB of fp32 input: class 2^20
     outs = []
     for _ in range(2):  # the second call: the class is in the table
@@ -86,7 +91,7 @@ def test_reduce_scatter_follows_the_tuned_choice_and_leaves_the_allreduce_alone(
 
 def _cache_worker(rank, world):
     # exact 1000x faster: the choice, and the cached entries' check, are decided (no noise)
-    _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors_for("exact", world))
+    _testing.set_tune_timing_factors(qcomm.backend_of(), factors_for("exact", world))
     x = torch.randn(MIB // 4)
     dist.all_reduce(x)
     shard = torch.randn(MIB // 8)
@@ -151,7 +156,7 @@ def test_qcomm_tune_names_the_collectives():
         ("reduce_scatter", 20),
         ("reduce_scatter", 21),
     ]
-    rs = _C._testing.tune_candidates(2, False, RS)
+    rs = qcomm.tune_candidates(2, "reduce_scatter")
     assert all(set(e["seconds"]) == set(rs) for e in t0 if e["collective"] == "reduce_scatter")
     assert "collectives are all_reduce, reduce_scatter, all_gather" in refused
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from tuning_env import CANDIDATES, MIB, factors_for, tune_env
 
 import qcomm
-from qcomm import _C, _tuning
+from qcomm import _testing, _tuning
 
 from dist_util import run_ranks
 
@@ -70,7 +70,7 @@ def test_the_key_holds_the_network_path(tmp_path):
 
 def _check_worker(rank, world, favour):
     if favour:
-        _C._testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world))
+        _testing.set_tune_timing_factors(qcomm.backend_of(), factors_for(favour, world))
     before = qcomm.tuning()
     x = torch.randn(MIB // 4)
     dist.all_reduce(x)
@@ -104,7 +104,7 @@ def test_a_cached_entry_is_checked_and_replaced_when_it_disagrees(tmp_path):
 
 def _drift_worker(rank, world, calls):
     if rank == 0:  # only rank 0's real calls look 1000x slower than tuning measured
-        _C._testing.set_call_timing_factor(qcomm.backend_of(), 1000.0)
+        _testing.set_call_timing_factor(qcomm.backend_of(), 1000.0)
     x = torch.randn(16384)
     seen = []
     for _ in range(calls):
@@ -129,7 +129,7 @@ def test_a_drift_seen_by_one_rank_retunes_every_rank_at_the_same_call(tmp_path):
 
 def _uneven_worker(rank, world):
     be = qcomm.backend_of()
-    _C._testing.set_tune_timing_factors(be, factors_for("exact"))
+    _testing.set_tune_timing_factors(be, factors_for("exact"))
     a, b = torch.randn(MIB // 4), torch.randn(MIB // 4)
     if rank == 0:
         dist.all_reduce(a)  # the class is measured (exact) before b is issued: b reads the table
@@ -159,9 +159,9 @@ def test_call_numbers_do_not_depend_on_when_a_rank_read_the_table(tmp_path):
 
 def test_the_host_header_carries_the_call_number():
     # the emulated header exchange (describe_mismatch over two plans of different call numbers)
-    rng = _C._testing.header_mismatch(3, 4)
+    rng = _testing.header_mismatch(3, 4)
     assert "call number" in rng and "3 on rank 0 but 4 on rank 1" in rng
-    assert _C._testing.header_mismatch(5, 5) == ""
+    assert _testing.header_mismatch(5, 5) == ""
 
 
 # ---- defect 2: a future callback waiting on a later call of the same group ---------------------
@@ -171,7 +171,7 @@ def _callback_worker(rank, world):
     x1, x2 = torch.ones(MIB // 4), torch.ones(MIB // 4)
     # w1 waits for the group's buffers a second (as behind a slow call): its callback is attached
     # before it completes, so the callback runs on the progress thread
-    _C._testing.hold_buffer_lock(qcomm.backend_of(), 1.0)
+    _testing.hold_buffer_lock(qcomm.backend_of(), 1.0)
     w1 = dist.all_reduce(x1, async_op=True)
     w2 = dist.all_reduce(x2, async_op=True)
     start = time.monotonic()
@@ -207,12 +207,12 @@ def _stats_worker(rank, world):
     x = torch.randn(MIB // 4)
     dist.all_reduce(x)
     held = be.stats()["buffer_bytes"]
-    _C._testing.hold_buffer_lock(be, 3.0)  # as a call blocked on a stopped peer holds it
+    _testing.hold_buffer_lock(be, 3.0)  # as a call blocked on a stopped peer holds it
     start = time.monotonic()
     s = qcomm.stats()
     took = time.monotonic() - start
     # a child forked while the lock is held: its stats() must return too
-    _C._testing.hold_buffer_lock(be, 3.0)
+    _testing.hold_buffer_lock(be, 3.0)
     pid = os.fork()
     if pid == 0:
         try:

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import qcomm
-from qcomm import _C
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -45,12 +44,12 @@ def synthetic(tmp_path, extra=()):
 
 
 def test_encoded_bytes_is_the_extensions():
-    assert cm.ENCODED_BYTES_SOURCE == "qcomm._C._testing.encoded_bytes"
+    assert cm.ENCODED_BYTES_SOURCE == "qcomm.codec.encoded_bytes"
     for n in (1, 5, 127, 128, 129, 1000, 4096, 100003):
         for bits in (4, 8):
             for g in (32, 128, 1024):
                 for sym in (False, True):
-                    want = _C._testing.encoded_bytes(n, bits, g, sym)
+                    want = qcomm.codec.encoded_bytes(n, bits, g, sym)
                     assert cm.encoded_bytes(n, bits, g, sym) == want
                     assert cm._encoded_bytes_py(n, bits, g, sym) == want
 
@@ -89,8 +88,8 @@ def test_wire_bytes_clean_case():
     n, W, M = 8 * 4 * 128 * 100, 8, 4
     per_shard = n // W // M
     got = cm.wire_bytes_per_rank(n, W, 8, 4, 128, False, M)
-    rs = (W - 1) * M * _C._testing.encoded_bytes(per_shard, 8, 128, False)
-    ag = (W - 1) * M * _C._testing.encoded_bytes(per_shard, 4, 128, False)
+    rs = (W - 1) * M * qcomm.codec.encoded_bytes(per_shard, 8, 128, False)
+    ag = (W - 1) * M * qcomm.codec.encoded_bytes(per_shard, 4, 128, False)
     assert got == [(rs, ag)] * W
 
 

@@ -1,7 +1,7 @@
 """benchmarks/cuda_codec_bench.py's own logic, on the CPU: the GPU call that runs it is scarce, so
 its tables are checked here with the kernels and the timer replaced by fakes. The fake timer
 reads the launch settings as the kernels do, from the extension's process settings, which read
-the environment only at _C._testing.reload_settings() (FakeSettings): each variant must be timed
+the environment only at qcomm.reload_settings() (FakeSettings): each variant must be timed
 with exactly its settings, reloaded, the default with none, and the caller's environment and
 settings must be restored. Its first timing of anything (a decoder's second) is 1.5x slow, so only
 the faster of two turns reads the true time: the copy must be timed as the kernels are."""
@@ -100,13 +100,13 @@ def run_bench(monkeypatch, tmp_path, timer, sizes="1"):
         ),
     )
     monkeypatch.setattr(bench, "torch", fake_torch)
-    monkeypatch.setattr(bench, "qcomm", types.SimpleNamespace(compiled_with_cuda=lambda: True))
     timer.settings = FakeSettings()
-    # the codec hooks and reload_settings live in qcomm._C._testing
-    timer.settings.cuda_codec_encode = encode
-    timer.settings.cuda_codec_decode = decode
-    fake_c = types.SimpleNamespace(_testing=timer.settings)
-    monkeypatch.setattr(bench, "_C", fake_c)
+    fake_qcomm = types.SimpleNamespace(
+        compiled_with_cuda=lambda: True,
+        reload_settings=timer.settings.reload_settings,
+        codec=types.SimpleNamespace(encode=encode, decode=decode),
+    )
+    monkeypatch.setattr(bench, "qcomm", fake_qcomm)
     monkeypatch.setattr(bench, "timed", timer)
     main_csv, var_csv = tmp_path / "k.csv", tmp_path / "v.csv"
     argv = ["bench", "--sizes-mib", sizes, "--csv", str(main_csv), "--variants-csv", str(var_csv)]

@@ -9,15 +9,15 @@ import torch
 from checks import same_floats
 
 import qcomm  # noqa: F401
-from qcomm import _C
+from qcomm import _testing
 from qcomm import reference as ref
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def _roundtrip_cpp(x, bits, g, sym):
-    b = _C._testing.codec_encode(x, bits, g, sym)
-    return b, _C._testing.codec_decode(b, x.numel(), bits, g, sym)
+    b = qcomm.codec.encode(x, bits, g, sym)
+    return b, qcomm.codec.decode(b, x.numel(), bits, g, sym)
 
 
 @pytest.mark.parametrize(
@@ -29,7 +29,7 @@ def test_wire_bytes_and_values_match_reference(bits, sym, g, dtype, n):
     x = (torch.randn(n, generator=gen) * 3 + 0.5).to(dtype)
     c = ref.Codec(bits, g, sym)
     b, y = _roundtrip_cpp(x, bits, g, sym)
-    assert b.numel() == _C._testing.encoded_bytes(n, bits, g, sym)
+    assert b.numel() == qcomm.codec.encoded_bytes(n, bits, g, sym)
     assert torch.equal(b, ref.encode_bytes(x, c))
     y_ref, bound = ref.roundtrip(x, c)
     assert same_floats(y, y_ref)
@@ -105,24 +105,24 @@ def test_wire_size_formula():
         groups = math.ceil(n / g)
         meta = groups * 4 * (1 if sym else 2)
         want = (meta + 15) // 16 * 16 + math.ceil(n * bits / 8)
-        assert _C._testing.encoded_bytes(n, bits, g, sym) == want
+        assert qcomm.codec.encoded_bytes(n, bits, g, sym) == want
 
 
 def test_raw_codec_is_a_cast():
     x = torch.randn(1000, generator=torch.Generator().manual_seed(3)) * 1000
     for dt in (torch.bfloat16, torch.float16):
-        assert same_floats(_C._testing.cast_from_float(x, dt).float(), x.to(dt).float())
+        assert same_floats(_testing.cast_from_float(x, dt).float(), x.to(dt).float())
 
 
 def test_half_conversions_match_torch_on_every_fp16_value():
     # every 16-bit pattern as fp16 -> float (exact) and back (identity)
     h = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16)
-    f = _C._testing.cast_to_float(h)
+    f = _testing.cast_to_float(h)
     assert same_floats(f, h.float())
-    back = _C._testing.cast_from_float(f, torch.float16)
+    back = _testing.cast_from_float(f, torch.float16)
     assert same_floats(back.float(), h.float())
     b = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-    assert same_floats(_C._testing.cast_to_float(b), b.float())
+    assert same_floats(_testing.cast_to_float(b), b.float())
 
 
 def test_float_to_16bit_rounding_matches_torch():
@@ -149,14 +149,29 @@ def test_float_to_16bit_rounding_matches_torch():
     )
     f = torch.cat([f, extra, -extra])
     for dt in (torch.float16, torch.bfloat16):
-        assert same_floats(_C._testing.cast_from_float(f, dt).float(), f.to(dt).float()), dt
+        assert same_floats(_testing.cast_from_float(f, dt).float(), f.to(dt).float()), dt
 
 
 def test_invalid_codec_arguments():
     x = torch.randn(10)
     with pytest.raises(ValueError, match="rs_bits"):
-        _C._testing.codec_encode(x, 6, 128, True)
+        qcomm.codec.encode(x, 6, 128, True)
     with pytest.raises(ValueError, match="group_size"):
-        _C._testing.codec_encode(x, 8, 100, True)
+        qcomm.codec.encode(x, 8, 100, True)
     with pytest.raises(ValueError, match="dtype"):
-        _C._testing.codec_encode(torch.arange(10), 8, 128, True)
+        qcomm.codec.encode(torch.arange(10), 8, 128, True)
+
+
+def test_the_public_codec_defaults_and_checks():
+    # qcomm.codec (docs/api.md): 128-element asymmetric groups unless told, sizes that match what
+    # encode returns, and a misuse named
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(11))
+    enc = qcomm.codec.encode(x, 8)
+    assert torch.equal(enc, qcomm.codec.encode(x, 8, 128, False))
+    assert enc.numel() == qcomm.codec.encoded_bytes(1000, 8)
+    assert qcomm.codec.encoded_bytes(1000, 0, dtype=torch.float16) == 2000
+    assert torch.equal(qcomm.codec.decode(enc, 1000, 8), qcomm.codec.decode(enc, 1000, 8, 128))
+    with pytest.raises(ValueError, match="accumulate=True adds into out="):
+        qcomm.codec.decode(enc, 1000, 8, accumulate=True)
+    with pytest.raises(ValueError, match="bytes"):
+        qcomm.codec.decode(enc[:-1], 1000, 8)

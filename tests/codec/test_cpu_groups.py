@@ -12,7 +12,8 @@ import pytest
 import torch
 from checks import same_floats
 
-from qcomm import _C
+import qcomm
+from qcomm import _C, _testing
 from qcomm import reference as ref
 
 ISAS = _C.cpu_isas()
@@ -22,9 +23,9 @@ GROUPS = [32, 64, 128, 256, 512, 1024]
 
 @pytest.fixture
 def isa(request):
-    before = _C._testing.set_cpu_isa(request.param)
+    before = qcomm.set_cpu_isa(request.param)
     yield request.param
-    _C._testing.set_cpu_isa(before)
+    qcomm.set_cpu_isa(before)
 
 
 def _ulps_apart(v, k, i):
@@ -70,7 +71,7 @@ def _values(n, g, seed):
 def _check(bits, sym, g, dtype, n, rotate, noise=None, case=""):
     x = _values(n, g, seed=bits * 7 + g + n).to(dtype)
     c = ref.Codec(bits, g, sym)
-    b = _C._testing.codec_encode(
+    b = qcomm.codec.encode(
         x,
         bits,
         g,
@@ -81,7 +82,7 @@ def _check(bits, sym, g, dtype, n, rotate, noise=None, case=""):
     )
     src = ref.rotate_forward(x, g) if rotate else x
     assert torch.equal(b, ref.encode_bytes(src, c, noise)), f"{case}: wire bytes"
-    y = _C._testing.codec_decode(b, n, bits, g, sym, rotate=rotate)
+    y = qcomm.codec.decode(b, n, bits, g, sym, rotate=rotate)
     want = ref.roundtrip(src, c)[0] if noise is None else None
     if want is not None:
         want = ref.rotate_inverse(want, g) if rotate else want
@@ -124,10 +125,10 @@ def test_a_short_block_of_groups_with_special_ones(isa):
         x[9 * g : 10 * g] = -1.5
         x = x.to(dtype)
         c = ref.Codec(bits, g, sym)
-        b = _C._testing.codec_encode(x, bits, g, sym)
+        b = qcomm.codec.encode(x, bits, g, sym)
         case = f"{isa} {bits}b sym={sym} g={g} {dtype}"
         assert torch.equal(b, ref.encode_bytes(x, c)), f"{case}: wire bytes"
-        y = _C._testing.codec_decode(b, n, bits, g, sym)
+        y = qcomm.codec.decode(b, n, bits, g, sym)
         assert torch.isnan(y[8 * g : 9 * g]).all(), f"{case}: the NaN group"
         assert same_floats(y, ref.roundtrip(x, c)[0]), f"{case}: decoded values"
 
@@ -166,12 +167,12 @@ def test_every_instruction_set_gives_the_generic_bytes(isa):
     x = _values(1 << 16, 128, seed=5)
     for dtype, bits, sym, g in itertools.product(DTYPES, [8, 4], [False, True], [32, 128]):
         y = x.to(dtype)
-        b = _C._testing.codec_encode(y, bits, g, sym)
-        _C._testing.set_cpu_isa("generic")
+        b = qcomm.codec.encode(y, bits, g, sym)
+        qcomm.set_cpu_isa("generic")
         try:
-            want = _C._testing.codec_encode(y, bits, g, sym)
+            want = qcomm.codec.encode(y, bits, g, sym)
         finally:
-            _C._testing.set_cpu_isa(isa)
+            qcomm.set_cpu_isa(isa)
         assert torch.equal(b, want), f"{isa} {dtype} {bits}b sym={sym} g={g}"
 
 
@@ -184,14 +185,14 @@ def test_streamed_decode_matches_decode(isa):
     for bits, sym, g in itertools.product([8, 4], [False, True], GROUPS):
         n = 13 * g + 13
         block = ref.encode_bytes(_values(n, g, seed=g + bits), ref.Codec(bits, g, sym))
-        want = _C._testing.codec_decode(block, n, bits, g, sym)
+        want = qcomm.codec.decode(block, n, bits, g, sym)
         room = torch.full((n + 8,), float("nan"))
         for offset in (0, 1):  # torch's storage is 64-byte aligned: 1 float in is not
             out = room[offset : offset + n]
-            got = _C._testing.codec_decode(block, n, bits, g, sym, out=out, streamed=True)
+            got = qcomm.codec.decode(block, n, bits, g, sym, out=out, streamed=True)
             assert same_floats(got, want), f"{isa} {bits}b sym={sym} g={g} offset={offset}"
     raw = torch.randn(1000)
-    got = _C._testing.codec_decode(raw.view(torch.uint8), 1000, 0, 128, False, streamed=True)
+    got = qcomm.codec.decode(raw.view(torch.uint8), 1000, 0, 128, False, streamed=True)
     assert same_floats(got, raw), f"{isa} raw block"
 
 
@@ -207,24 +208,24 @@ def test_decode_sum_of_blocks_matches_sequential_decodes(isa):
             for k in range(4)
         ]
         for count in (1, 2, 4):
-            got = _C._testing.codec_decode_sum(blocks[:count], n, bits, g, sym)
-            want = _C._testing.codec_decode(blocks[0], n, bits, g, sym)
+            got = qcomm.codec.decode_sum(blocks[:count], n, bits, g, sym)
+            want = qcomm.codec.decode(blocks[0], n, bits, g, sym)
             for b in blocks[1:count]:
-                want = want + _C._testing.codec_decode(b, n, bits, g, sym)
+                want = want + qcomm.codec.decode(b, n, bits, g, sym)
             assert same_floats(got, want), f"{isa} {bits}b sym={sym} g={g} count={count}"
             # accumulate: onto values already there (two_step's owner's own values), in order
             own = torch.randn(n, generator=torch.Generator().manual_seed(count)) * 3
-            got = _C._testing.codec_decode_sum(
+            got = qcomm.codec.decode_sum(
                 blocks[:count], n, bits, g, sym, out=own.clone(), accumulate=True
             )
             want = own
             for b in blocks[:count]:
-                want = want + _C._testing.codec_decode(b, n, bits, g, sym)
+                want = want + qcomm.codec.decode(b, n, bits, g, sym)
             assert same_floats(got, want), f"{isa} {bits}b sym={sym} g={g} count={count} acc"
     raw = [torch.randn(1000, generator=torch.Generator().manual_seed(k)) for k in range(4)]
-    got = _C._testing.codec_decode_sum([r.view(torch.uint8) for r in raw[:3]], 1000, 0, 128, False)
+    got = qcomm.codec.decode_sum([r.view(torch.uint8) for r in raw[:3]], 1000, 0, 128, False)
     assert same_floats(got, raw[0] + raw[1] + raw[2]), f"{isa} raw blocks"
-    got = _C._testing.codec_decode_sum(
+    got = qcomm.codec.decode_sum(
         [r.view(torch.uint8) for r in raw[:2]],
         1000,
         0,
@@ -242,12 +243,12 @@ def test_widening_matches_torch_on_every_16_bit_value(isa):
     # that leaves a tail of one-by-one elements, plain and added to fp32 values
     for dt in (torch.float16, torch.bfloat16):
         h = torch.arange(0, (1 << 16) + 5, dtype=torch.int32).to(torch.int16).view(dt)
-        assert same_floats(_C._testing.cast_to_float(h), h.float()), f"{isa} {dt}"
+        assert same_floats(_testing.cast_to_float(h), h.float()), f"{isa} {dt}"
         base = torch.randn(h.numel(), generator=torch.Generator().manual_seed(8))
         n = h.numel()
         src = ref.encode_bytes(base, ref.Codec(8, 128, False, dt))
-        partial, _ = _C._testing.codec_ops_hop(src, 8, h, 8, 128, False)
-        want = _C._testing.codec_decode(src, n, 8, 128, False) + h.float()
+        partial, _ = qcomm.codec.ring_hop(src, h, 8, 8, 128, False)
+        want = qcomm.codec.decode(src, n, 8, 128, False) + h.float()
         assert same_floats(partial, want), f"{isa} {dt}: decoded + local"
 
 
@@ -265,17 +266,17 @@ def test_fused_hop_matches_reference_across_pieces(isa):
         cin, cout = ref.Codec(ib, 128, sym, dtype), ref.Codec(ob, 128, sym, dtype)
         src = ref.encode_bytes(received, cin)
         noise = (ref.noise_salt(9, 0, 0), 123) if stochastic else None
-        partial, dst = _C._testing.codec_ops_hop(
+        partial, dst = qcomm.codec.ring_hop(
             src,
-            ib,
             local,
+            ib,
             ob,
             128,
             sym,
-            None if noise is None else noise[0],
-            0 if noise is None else noise[1],
+            noise_salt=None if noise is None else noise[0],
+            noise_base=0 if noise is None else noise[1],
         )
-        want = _C._testing.codec_decode(src, n, ib, 128, sym) + local.float()
+        want = qcomm.codec.decode(src, n, ib, 128, sym) + local.float()
         case = f"{isa} {ib}->{ob} {dtype} sym={sym} stochastic={stochastic}"
         assert same_floats(partial, want), f"{case}: partial sums"
         assert torch.equal(dst, ref.encode_bytes(want, cout, noise)), f"{case}: wire bytes"

@@ -14,7 +14,7 @@ import torch
 from checks import same_floats
 
 import qcomm
-from qcomm import _C
+from qcomm import _C, _testing
 from qcomm import reference as ref
 
 ISAS = _C.cpu_isas()
@@ -23,9 +23,9 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 @pytest.fixture
 def isa(request):
-    before = _C._testing.set_cpu_isa(request.param)
+    before = qcomm.set_cpu_isa(request.param)
     yield request.param
-    _C._testing.set_cpu_isa(before)
+    qcomm.set_cpu_isa(before)
 
 
 def test_instruction_sets_listed_and_widest_by_default():
@@ -63,15 +63,15 @@ def test_codec_matches_reference_in_every_instruction_set(isa):
         x = _values(n, seed=n + g + bits).to(dtype)
         c = ref.Codec(bits, g, sym)
         case = f"{isa} bits={bits} sym={sym} g={g} {dtype} n={n}"
-        b = _C._testing.codec_encode(x, bits, g, sym)
+        b = qcomm.codec.encode(x, bits, g, sym)
         assert torch.equal(b, ref.encode_bytes(x, c)), f"{case}: wire bytes"
-        y = _C._testing.codec_decode(b, n, bits, g, sym)
+        y = qcomm.codec.decode(b, n, bits, g, sym)
         assert same_floats(y, ref.roundtrip(x, c)[0]), f"{case}: decoded values"
     # stochastic rounding
     x = _values(5000, seed=3)
     salt = ref.noise_salt(5, 1, 0)
     for bits, sym in itertools.product([4, 8], [True, False]):
-        b = _C._testing.codec_encode(x, bits, 64, sym, noise_salt=salt, noise_base=777)
+        b = qcomm.codec.encode(x, bits, 64, sym, noise_salt=salt, noise_base=777)
         assert torch.equal(b, ref.encode_bytes(x, ref.Codec(bits, 64, sym), (salt, 777))), isa
 
 
@@ -87,20 +87,20 @@ def test_rotated_codec_matches_reference_in_every_instruction_set(isa):
         x = _values(6144, seed=g + bits)[:n].to(dtype)
         case = f"{isa} bits={bits} sym={sym} g={g} {dtype}"
         rot = ref.rotate_forward(x, g)
-        assert same_floats(_C._testing.rotate_to_float(x, g), rot), f"{case}: rotation"
-        b = _C._testing.codec_encode(x, bits, g, sym, rotate=True)
+        assert same_floats(_testing.rotate_to_float(x, g), rot), f"{case}: rotation"
+        b = qcomm.codec.encode(x, bits, g, sym, rotate=True)
         if bits == 0:  # raw: the rotated values as fp32
             assert torch.equal(b, rot.view(torch.uint8)), f"{case}: raw wire bytes"
-            back = _C._testing.codec_decode(b, n, 0, g, sym, rotate=True)
+            back = qcomm.codec.decode(b, n, 0, g, sym, rotate=True)
             assert same_floats(back, ref.rotate_inverse(rot, g)), f"{case}: raw decoded"
             continue
         c = ref.Codec(bits, g, sym)
         assert torch.equal(b, ref.encode_bytes(rot, c)), f"{case}: wire bytes"
-        y = _C._testing.codec_decode(b, n, bits, g, sym, rotate=True)
+        y = qcomm.codec.decode(b, n, bits, g, sym, rotate=True)
         want = ref.rotate_inverse(ref.roundtrip(rot, c)[0], g)
         assert same_floats(y, want), f"{case}: decoded values"
     with pytest.raises(ValueError, match="whole groups of 32"):
-        _C._testing.codec_encode(torch.ones(40), 8, 32, True, rotate=True)
+        qcomm.codec.encode(torch.ones(40), 8, 32, True, rotate=True)
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
@@ -121,10 +121,10 @@ def test_accumulating_sums_match_reference_in_every_instruction_set(isa):
 
 def test_set_cpu_isa_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match=r"'sse9' \(not an instruction set\); allowed: auto, "):
-        _C._testing.set_cpu_isa("sse9")
-    before = _C._testing.set_cpu_isa("auto")
+        qcomm.set_cpu_isa("sse9")
+    before = qcomm.set_cpu_isa("auto")
     assert _C.cpu_isa() == ISAS[-1]
-    _C._testing.set_cpu_isa(before)
+    qcomm.set_cpu_isa(before)
     assert _C.cpu_isa() == before
 
 

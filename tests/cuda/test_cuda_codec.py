@@ -9,7 +9,6 @@ import pytest
 import torch
 from checks import GPU_ONLY, same_floats
 
-from qcomm import _C
 from qcomm import reference as ref
 
 sys.path.insert(
@@ -19,6 +18,9 @@ sys.path.insert(
     ),
 )
 import ncu_codec  # noqa: E402  (the kernels' template arguments from their demangled names)
+
+import qcomm
+from qcomm import _testing
 
 pytestmark = GPU_ONLY
 
@@ -49,11 +51,11 @@ def _inputs():
 def test_cuda_matches_cpu(bits, sym, group, dtype):
     for name, x in _inputs():
         x = x.to(dtype)
-        cpu = _C._testing.codec_encode(x, bits, group, sym)
-        gpu = _C._testing.cuda_codec_encode(x.cuda(), bits, group, sym).cpu()
+        cpu = qcomm.codec.encode(x, bits, group, sym)
+        gpu = qcomm.codec.encode(x.cuda(), bits, group, sym).cpu()
         assert torch.equal(cpu, gpu), f"{name}: wire bytes differ"
-        y_cpu = _C._testing.codec_decode(cpu, x.numel(), bits, group, sym)
-        y_gpu = _C._testing.cuda_codec_decode(gpu.cuda(), x.numel(), bits, group, sym).cpu()
+        y_cpu = qcomm.codec.decode(cpu, x.numel(), bits, group, sym)
+        y_gpu = qcomm.codec.decode(gpu.cuda(), x.numel(), bits, group, sym).cpu()
         same = torch.equal(torch.isnan(y_cpu), torch.isnan(y_gpu))
         same = same and torch.equal(y_cpu[~torch.isnan(y_cpu)], y_gpu[~torch.isnan(y_gpu)])
         assert same, f"{name}: decoded values differ"
@@ -63,8 +65,8 @@ def test_cuda_matches_cpu(bits, sym, group, dtype):
 def test_cuda_stochastic_matches_cpu(bits, sym):
     x = torch.randn(50000, generator=torch.Generator().manual_seed(1))
     salt = ref.noise_salt(9, 1, 0)
-    cpu = _C._testing.codec_encode(x, bits, 128, sym, noise_salt=salt, noise_base=4096)
-    gpu = _C._testing.cuda_codec_encode(x.cuda(), bits, 128, sym, noise_salt=salt, noise_base=4096)
+    cpu = qcomm.codec.encode(x, bits, 128, sym, noise_salt=salt, noise_base=4096)
+    gpu = qcomm.codec.encode(x.cuda(), bits, 128, sym, noise_salt=salt, noise_base=4096)
     assert torch.equal(cpu, gpu.cpu())
 
 
@@ -107,16 +109,16 @@ def test_cuda_vector_and_scalar_paths_match_cpu(group, dtype):
         for n, offset in [(4096, 0), (3000 + group // 2 + 3, 0), (2205, 1), (37, 0)]:
             base = _special(n + offset, seed=n + group).to(dtype)
             x = base[offset:]
-            cpu = _C._testing.codec_encode(x, bits, group, sym)
-            gpu = _C._testing.cuda_codec_encode(base.cuda()[offset:], bits, group, sym)
+            cpu = qcomm.codec.encode(x, bits, group, sym)
+            gpu = qcomm.codec.encode(base.cuda()[offset:], bits, group, sym)
             case = f"bits={bits} sym={sym} n={n} offset={offset}"
             assert torch.equal(cpu, gpu.cpu()), f"{case}: wire bytes differ"
             init = (torch.arange(n + 1) % 13 - 6).float()
             for acc in (False, True):
                 store = init.cuda()
                 out = store[offset : offset + n]
-                _C._testing.cuda_codec_decode(gpu, n, bits, group, sym, out=out, accumulate=acc)
-                want = _C._testing.codec_decode(cpu, n, bits, group, sym)
+                qcomm.codec.decode(gpu, n, bits, group, sym, out=out, accumulate=acc)
+                want = qcomm.codec.decode(cpu, n, bits, group, sym)
                 if acc:
                     want = init[offset : offset + n] + want
                 assert same_floats(want, out.cpu()), f"{case} accumulate={acc}: values differ"
@@ -132,7 +134,7 @@ def _launch_settings(monkeypatch, settings):
         monkeypatch.delenv(k, raising=False)
     for k, v in settings.items():
         monkeypatch.setenv(k, v)
-    _C._testing.reload_settings()
+    qcomm.reload_settings()
 
 
 @pytest.fixture
@@ -141,7 +143,7 @@ def launch_settings(monkeypatch):
     settings it gives are back."""
     yield lambda settings: _launch_settings(monkeypatch, settings)
     monkeypatch.undo()  # the caller's environment back, before the reload below reads it
-    _C._testing.reload_settings()
+    qcomm.reload_settings()
 
 
 @pytest.mark.parametrize(
@@ -180,11 +182,11 @@ def test_cuda_launch_variants_give_the_same_bytes(dtype, settings, launch_settin
     n = 12 * 2**20 + 77
     x = (torch.randn(n, generator=torch.Generator().manual_seed(3)) * 2).to(dtype)
     for bits, sym in itertools.product([4, 8], [True, False]):
-        cpu = _C._testing.codec_encode(x, bits, 128, sym)
-        gpu = _C._testing.cuda_codec_encode(x.cuda(), bits, 128, sym)
+        cpu = qcomm.codec.encode(x, bits, 128, sym)
+        gpu = qcomm.codec.encode(x.cuda(), bits, 128, sym)
         assert torch.equal(cpu, gpu.cpu()), f"bits={bits} sym={sym}: wire bytes differ"
-        want = _C._testing.codec_decode(cpu, n, bits, 128, sym)
-        got = _C._testing.cuda_codec_decode(gpu, n, bits, 128, sym).cpu()
+        want = qcomm.codec.decode(cpu, n, bits, 128, sym)
+        got = qcomm.codec.decode(gpu, n, bits, 128, sym).cpu()
         assert same_floats(want, got), f"bits={bits} sym={sym}: values differ"
 
 
@@ -220,7 +222,7 @@ def test_cuda_encode_setting_picks_its_kernel(settings, codec, blocks, launch_se
     dtype, bits, sym = codec
     x = torch.randn(2**20, device="cuda").to(dtype)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _C._testing.cuda_codec_encode(x, bits, 128, sym)
+        qcomm.codec.encode(x, bits, 128, sym)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if "encodeKernel" in e.name]
     if not prof.events():
@@ -240,11 +242,11 @@ def test_cuda_launch_setting_refuses_a_bad_value(setting, value, launch_settings
     launch_settings({setting: value})
     x = torch.randn(4096, device="cuda")
     with pytest.raises(ValueError, match=f"{setting}='{value}'"):
-        _C._testing.cuda_codec_encode(x, 8, 128, True)
+        qcomm.codec.encode(x, 8, 128, True)
     launch_settings({})
     assert torch.equal(
-        _C._testing.cuda_codec_encode(x, 8, 128, True).cpu(),
-        _C._testing.codec_encode(x.cpu(), 8, 128, True),
+        qcomm.codec.encode(x, 8, 128, True).cpu(),
+        qcomm.codec.encode(x.cpu(), 8, 128, True),
     )
 
 
@@ -258,12 +260,12 @@ def test_cuda_ring_hop_matches_cpu(local_dtype):
         group = 32 if in_bits == 4 else 256
         incoming = torch.randn(n, generator=g) * 3
         local = _special(n, seed=n).to(local_dtype)
-        src = _C._testing.codec_encode(incoming, in_bits, group, sym)
-        want_partial = _C._testing.codec_decode(src, n, in_bits, group, sym) + local.float()
-        want = _C._testing.codec_encode(want_partial, out_bits, group, not sym)
+        src = qcomm.codec.encode(incoming, in_bits, group, sym)
+        want_partial = qcomm.codec.decode(src, n, in_bits, group, sym) + local.float()
+        want = qcomm.codec.encode(want_partial, out_bits, group, not sym)
         in_place = local_dtype == torch.float32 and n == 3072
         loc = local.cuda()
-        partial, dst = _C._testing.cuda_codec_hop(
+        partial, dst = _testing.cuda_codec_hop(
             src.cuda(), in_bits, group, sym, loc, out_bits, group, not sym, in_place=in_place
         )
         case = f"in={in_bits} out={out_bits} sym={sym} n={n} in_place={in_place}"
@@ -276,11 +278,11 @@ def test_cuda_ring_hop_matches_cpu(local_dtype):
     local = torch.randn(2048, generator=g).to(local_dtype)
     salt = ref.noise_salt(7, 2, 1)
     for in_group, out_group, noise in [(128, 128, True), (64, 128, False)]:
-        src = _C._testing.codec_encode(x, 8, in_group, True)
-        want_partial = _C._testing.codec_decode(src, 2048, 8, in_group, True) + local.float()
+        src = qcomm.codec.encode(x, 8, in_group, True)
+        want_partial = qcomm.codec.decode(src, 2048, 8, in_group, True) + local.float()
         kw = dict(noise_salt=salt, noise_base=128) if noise else {}
-        want = _C._testing.codec_encode(want_partial, 4, out_group, False, **kw)
-        partial, dst = _C._testing.cuda_codec_hop(
+        want = qcomm.codec.encode(want_partial, 4, out_group, False, **kw)
+        partial, dst = _testing.cuda_codec_hop(
             src.cuda(), 8, in_group, True, local.cuda(), 4, out_group, False, **kw
         )
         assert same_floats(want_partial, partial.cpu()), (in_group, out_group, noise)
@@ -303,21 +305,21 @@ def test_cuda_decode_sum_matches_cpu(bits, sym):
         (9, 2**21 + 77, 0),
     ]:
         blocks = [
-            _C._testing.codec_encode(
+            qcomm.codec.encode(
                 _special(n, seed=k) if k % 3 == 0 else torch.randn(n, generator=g), bits, group, sym
             )
             for k in range(count)
         ]
-        want = _C._testing.codec_decode(blocks[0], n, bits, group, sym)
+        want = qcomm.codec.decode(blocks[0], n, bits, group, sym)
         for b in blocks[1:]:
-            want = want + _C._testing.codec_decode(b, n, bits, group, sym)
+            want = want + qcomm.codec.decode(b, n, bits, group, sym)
         unit = (blocks[0].numel() + 15) // 16 * 16 + 16
         offsets = [k * unit + (skew if k == count - 1 else 0) for k in range(count)]
         buffer = torch.zeros(count * unit + 16, dtype=torch.uint8)
         for off, b in zip(offsets, blocks):
             buffer[off : off + b.numel()] = b
         store = torch.full((n + 1,), 7.0, device="cuda")
-        got = _C._testing.cuda_codec_decode_sum(
+        got = _testing.cuda_codec_decode_sum(
             buffer.cuda(), offsets, n, bits, group, sym, out=store[1:]
         )
         case = f"count={count} n={n} skew={skew}"
@@ -325,19 +327,19 @@ def test_cuda_decode_sum_matches_cpu(bits, sym):
         assert same_floats(want, got.cpu()), f"{case}: sums differ"
         assert store[0].item() == 7.0, f"{case}: wrote before its output"
     with pytest.raises(ValueError, match="no block to sum"):
-        _C._testing.cuda_codec_decode_sum(
+        _testing.cuda_codec_decode_sum(
             torch.zeros(64, dtype=torch.uint8, device="cuda"), [], 4, bits, group, sym
         )
     with pytest.raises(ValueError, match="multiple of 4 bytes"):
-        _C._testing.cuda_codec_decode_sum(
+        _testing.cuda_codec_decode_sum(
             torch.zeros(4096, dtype=torch.uint8, device="cuda"), [2], 4, bits, group, sym
         )
     # a block two bytes into its buffer: refused, not a misaligned load on the GPU
-    enc = _C._testing.cuda_codec_encode(torch.randn(256, device="cuda"), bits, group, sym)
+    enc = qcomm.codec.encode(torch.randn(256, device="cuda"), bits, group, sym)
     skewed = torch.zeros(enc.numel() + 2, dtype=torch.uint8, device="cuda")
     skewed[2:] = enc
     with pytest.raises(ValueError, match="multiple of 4 bytes"):
-        _C._testing.cuda_codec_decode(skewed[2:], 256, bits, group, sym)
+        qcomm.codec.decode(skewed[2:], 256, bits, group, sym)
 
 
 def test_cuda_divide_matches_cpu():
@@ -346,5 +348,5 @@ def test_cuda_divide_matches_cpu():
     # (a tensor divisor: a scalar one may become a multiplication by its reciprocal)
     x = _special(5000, seed=11)
     for world in range(2, 9):
-        got = _C._testing.cuda_codec_divide(x.cuda(), world)
+        got = _testing.cuda_codec_divide(x.cuda(), world)
         assert same_floats(x / torch.full_like(x, world), got.cpu()), f"world={world}"

@@ -3,7 +3,7 @@
 transport's copy schedule through host buffers, one thread per rank (scripts/simt_check.sh
 schedules, tests/native/simt/schedule_main.cpp): the backend's CUDA-IPC path with the separate
 kernels, short of a GPU. Each call is compared bit for bit with qcomm/reference.py and with the
-same schedule run with the CPU codec (qcomm._C._testing.ipc_separate_emulate). The other CPU tests
+same schedule run with the CPU codec (_testing.ipc_separate_emulate). The other CPU tests
 run the schedules with the CPU codec only and the kernels one operation at a time, so the kernels
 never met the schedules' call sequences there (a raw ring hop whose partial sum is its local
 input gave twice the received values on the GPU, and no CPU test could see it).
@@ -19,6 +19,7 @@ import torch
 from checks import run_script, same_floats
 
 import qcomm
+from qcomm import _testing
 from qcomm import reference as ref
 
 CUDA_HOME = os.environ.get("CUDA_HOME", "/usr/local/cuda")
@@ -90,7 +91,7 @@ def _run_calls(tmp_path, build_dir, calls):
         ).out
         cpu = [x.clone() for x in xs]
         bufs = [torch.zeros(300 << 10, dtype=torch.uint8) for _ in range(world)]
-        qcomm._C._testing.ipc_separate_emulate(cpu, bufs, cfg.encoded(), average, i)
+        _testing.ipc_separate_emulate(cpu, bufs, cfg.encoded(), average, i)
         expected.append((want, cpu))
     (tmp_path / "cases.txt").write_text("\n".join(lines) + "\n")
     rc, out = run_script(
@@ -186,9 +187,7 @@ def _run_sharded_calls(tmp_path, build_dir, calls):
         fields = [world, DTYPES[dtype], numel, int(op == "avg"), i, *cfg.encoded().values(), coll]
         lines.append(" ".join(str(int(f)) for f in fields) + f" {factor or 0!r}")
         bufs = [torch.zeros(300 << 10, dtype=torch.uint8) for _ in range(world)]
-        cpu = qcomm._C._testing.ipc_sharded_emulate(
-            xs, bufs, cfg.encoded(), coll, op, factor or 1.0, i
-        )
+        cpu = _testing.ipc_sharded_emulate(xs, bufs, cfg.encoded(), coll, op, factor or 1.0, i)
         if coll == 1:
             res = ref.reduce_scatter(
                 xs, algorithm, bits, op=op, factor=factor, stochastic_seq=i if stochastic else None,

@@ -22,6 +22,7 @@ import torch
 from checks import gpu, run_script
 
 import qcomm
+from qcomm import _testing
 from qcomm import reference as ref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,7 +47,7 @@ FUSED = {**ipc.ENV, "QCOMM_IPC_KERNELS": "fused"}
 @pytest.mark.parametrize("tile", [1024, 4096, 65536])
 def test_ipc_geometry_covers_every_tile_within_the_buffer(world, bits, tile):
     for chunk, buffer_mb in itertools.product([128, 4096, 4096 * 7 + 128, 2**22], [1, 32]):
-        g = qcomm._C._testing.ipc_geometry(
+        g = _testing.ipc_geometry(
             chunk, bits[0], bits[1], 128, False, torch.bfloat16, world, buffer_mb << 20, tile
         )
         if g["data_offset"] + 2 * world * g["slot_bytes"] > buffer_mb << 20:
@@ -64,7 +65,7 @@ def test_ipc_geometry_covers_every_tile_within_the_buffer(world, bits, tile):
         assert used <= buffer_mb << 20
         for b in bits:
             need = (
-                qcomm._C._testing.encoded_bytes(g["tile_elems"], b, 128, False)
+                qcomm.codec.encoded_bytes(g["tile_elems"], b, 128, False)
                 if b
                 else 2 * g["tile_elems"]
             )
@@ -72,9 +73,9 @@ def test_ipc_geometry_covers_every_tile_within_the_buffer(world, bits, tile):
 
 
 def test_ipc_geometry_refuses_what_does_not_fit():
-    g = qcomm._C._testing.ipc_geometry(4096, 8, 8, 128, False, torch.float32, 8, 300 * 1024)
+    g = _testing.ipc_geometry(4096, 8, 8, 128, False, torch.float32, 8, 300 * 1024)
     assert g["pieces"] == 0 and "QCOMM_IPC_BUFFER_MB" in g["error"]
-    g = qcomm._C._testing.ipc_geometry(4096, 8, 8, 128, False, torch.float32, 9, 32 << 20)
+    g = _testing.ipc_geometry(4096, 8, 8, 128, False, torch.float32, 9, 32 << 20)
     assert "at most 8 ranks" in g["error"]
 
 
@@ -91,7 +92,7 @@ def _emulate(
     # the fused kernel runs unrotated two_step only (rotation is on by default at 4 bits)
     cfg = ipc.two_step(rs, ag, symmetric, stochastic).replace(rotate=False)
     outs = [x.clone() for x in xs]
-    qcomm._C._testing.ipc_two_step_emulate(
+    _testing.ipc_two_step_emulate(
         outs, bufs, cfg.encoded(), average, seq, blocks=blocks, tile_elems=tile
     )
     return outs
@@ -137,7 +138,7 @@ def test_ipc_protocol_emulated_pieces_epochs_noise_and_symmetric():
     # call's sequence number
     world = 4
     bufs = _buffers(world, mib=1)
-    g = qcomm._C._testing.ipc_geometry(150016, 8, 8, 128, False, torch.float32, world, 1 << 20)
+    g = _testing.ipc_geometry(150016, 8, 8, 128, False, torch.float32, world, 1 << 20)
     assert g["pieces"] > 1, g
     for call in range(10):
         xs = ipc.inputs(world, 600001 if call % 2 == 0 else 3001, torch.float32, 50 + call)
@@ -157,7 +158,7 @@ def test_ipc_protocol_emulated_reports_a_missing_rank_instead_of_hanging():
     xs = ipc.inputs(world, 20000, torch.float32, 1)
     cfg = qcomm.QuantConfig(algorithm="two_step", min_bytes=0)
     with pytest.raises(RuntimeError, match=r"timed out in the reduce phase waiting for rank 2"):
-        qcomm._C._testing.ipc_two_step_emulate(
+        _testing.ipc_two_step_emulate(
             [x.clone() for x in xs], bufs, cfg.encoded(), timeout_ms=300, ranks=[0, 1]
         )
     # the abort word is set in every rank's buffer: the peers stop at once, not after a time-out

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 import qcomm
-from qcomm import _C
+from qcomm import _testing
 
 from dist_util import run_ranks
 
@@ -40,8 +40,8 @@ def _train(rank, world, hook, favour):
     if quantizing and favour:
         # the tuner takes `favour` for every allreduce class (this machine's timings might
         # choose exact for such small messages, and nothing would be quantized)
-        cands = _C._testing.tune_candidates(world, False, 0)
-        _C._testing.set_tune_timing_factors(
+        cands = qcomm.tune_candidates(world)
+        _testing.set_tune_timing_factors(
             qcomm.backend_of(), [0.001 if c == favour else 1.0 for c in cands]
         )
     torch.manual_seed(0)

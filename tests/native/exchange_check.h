@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "python/ipc_emulation.h"
+#include "testing/ipc_emulation.h"
 #include "transport/ipc_exchange.h"
 
 namespace qcomm {

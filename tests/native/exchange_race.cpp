@@ -1,5 +1,5 @@
 // ThreadSanitizer harness for the separate kernels' exchange (csrc/transport/ipc_exchange.h) as
-// the host emulation runs it (csrc/python/ipc_emulation.h: memcpy, and the barrier of
+// the host emulation runs it (csrc/testing/ipc_emulation.h: memcpy, and the barrier of
 // csrc/cuda/ipc_barrier.h on host memory): W ranks as threads over shared host buffers, slots of
 // several rounds (copied out) and of one (read where they landed), several calls carrying the
 // barrier counts. TSan reports any pair of accesses to a buffer's bytes that the barriers'

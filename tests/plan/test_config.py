@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import qcomm
-from qcomm import _C, _tuning
+from qcomm import _C, _testing, _tuning
 from qcomm import config as qc
 
 from dist_util import run_ranks
@@ -237,18 +237,18 @@ def test_the_dataclass_the_declaration_and_the_settings_agree():
         "symmetric",
     ]
     cfg = qcomm.QuantConfig(algorithm="ring", rs_bits=4, ag_bits=None, rotate=False, shadow=3)
-    assert _C._testing.config_round_trip(cfg.encoded()) == cfg.encoded()
+    assert _testing.config_round_trip(cfg.encoded()) == cfg.encoded()
     assert qcomm.QuantConfig.from_dict(cfg.encoded()) == cfg
 
 
 def test_a_config_crosses_by_name_only():
     cfg = qcomm.QuantConfig().encoded()
     with pytest.raises(ValueError, match="passed as a dict"):
-        _C._testing.config_round_trip(tuple(cfg.values()))
+        _testing.config_round_trip(tuple(cfg.values()))
     with pytest.raises(ValueError, match="no field 'shadow'"):
-        _C._testing.config_round_trip({k: v for k, v in cfg.items() if k != "shadow"})
+        _testing.config_round_trip({k: v for k, v in cfg.items() if k != "shadow"})
     with pytest.raises(ValueError, match="unknown field 'bits'"):
-        _C._testing.config_round_trip({**cfg, "bits": 8})
+        _testing.config_round_trip({**cfg, "bits": 8})
 
 
 def test_the_tuning_key_follows_the_declaration():

@@ -7,17 +7,18 @@ import torch
 
 import qcomm
 
-fingerprint = qcomm._C._testing.plan_fingerprint
+fingerprint = qcomm.plan_fingerprint
 
 
 def _cfg(**kw):
-    return qcomm.QuantConfig(**{"min_bytes": 0, **kw}).encoded()
+    return qcomm.QuantConfig(**{"min_bytes": 0, **kw})
 
 
 def test_equal_calls_have_equal_fingerprints():
-    a = fingerprint(_cfg(), 1 << 20, torch.float32, call_seq=3)
-    b = fingerprint(_cfg(), 1 << 20, torch.float32, call_seq=3)
+    a = fingerprint(1 << 20, torch.float32, _cfg(), call_seq=3)
+    b = fingerprint(1 << 20, torch.float32, _cfg().encoded(), call_seq=3)  # or its encoded form
     assert a == b and 0 <= a < 2**32
+    assert fingerprint(1 << 20) == fingerprint(1 << 20, torch.float32, qcomm.QuantConfig())
 
 
 def test_every_field_of_the_call_changes_the_fingerprint():

@@ -84,7 +84,7 @@ def test_values_are_canonical():
 def test_process_settings_are_read_once_group_settings_each_time(monkeypatch):
     monkeypatch.setenv("QCOMM_CUDA_FULL_GRID", "1")
     monkeypatch.setenv("QCOMM_TRANSPORT", "nccl")
-    _C._testing.reload_settings()
+    qcomm.reload_settings()
     try:
         assert _C.setting("QCOMM_CUDA_FULL_GRID")["text"] == "1"
         assert _C.setting("QCOMM_TRANSPORT")["text"] == "nccl"
@@ -92,11 +92,11 @@ def test_process_settings_are_read_once_group_settings_each_time(monkeypatch):
         monkeypatch.setenv("QCOMM_TRANSPORT", "ipc")
         assert _C.setting("QCOMM_CUDA_FULL_GRID")["text"] == "1"  # kept for the process
         assert _C.setting("QCOMM_TRANSPORT")["text"] == "ipc"  # read afresh
-        _C._testing.reload_settings()
+        qcomm.reload_settings()
         assert _C.setting("QCOMM_CUDA_FULL_GRID")["text"] == "0"
     finally:
         monkeypatch.delenv("QCOMM_CUDA_FULL_GRID")
-        _C._testing.reload_settings()
+        qcomm.reload_settings()
 
 
 _GROUP = (

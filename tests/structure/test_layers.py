@@ -9,7 +9,8 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CSRC = os.path.join(ROOT, "csrc")
 
-# bottom to top; experiments sits where an alternative algorithm-and-transport would
+# bottom to top; experiments sits where an alternative algorithm-and-transport would; testing (the
+# test hooks, a module of their own, tests/structure/test_hooks.py) above everything it pokes
 LAYERS = [
     "common",
     "codec",
@@ -20,6 +21,7 @@ LAYERS = [
     "experiments",
     "backend",
     "python",
+    "testing",
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
 SOURCES = (".h", ".cpp", ".cu", ".cuh")

@@ -330,12 +330,12 @@ def semantics_worker(rank, world):
     # without the opt-in a CUDA allreduce is NCCL's (qcomm.plan says why). A process setting:
     # read once, so the test makes the reader forget it around the change
     os.environ.pop("QCOMM_CUDA_QUANTIZE")
-    qcomm._C._testing.reload_settings()
+    qcomm.reload_settings()
     p = qcomm.plan(torch.ones(1 << 20, device="cuda"))
     if p["quantize"] or "QCOMM_CUDA_QUANTIZE" not in p["reason"]:
         problems.append(f"plan without the opt-in: {p}")
     os.environ["QCOMM_CUDA_QUANTIZE"] = "1"
-    qcomm._C._testing.reload_settings()
+    qcomm.reload_settings()
     return problems
 
 
@@ -345,10 +345,10 @@ def mismatch_checked(rank, world):
     usable."""
     problems = []
     os.environ["QCOMM_DEBUG"] = "CHECK"
-    qcomm._C._testing.reload_settings()
+    qcomm.reload_settings()
     g = dist.new_group(list(range(world)), backend="qnccl", pg_options=two_step(8, 8))
     os.environ.pop("QCOMM_DEBUG")
-    qcomm._C._testing.reload_settings()
+    qcomm.reload_settings()
     x = torch.ones(1000 + rank, device="cuda")
     try:
         dist.all_reduce(x, group=g)
@@ -439,10 +439,10 @@ def mixed_devices_worker(rank, world):
     torch.cuda.set_device(0)
     problems = []
     os.environ["QCOMM_DEBUG"] = "CHECK"
-    qcomm._C._testing.reload_settings()
+    qcomm.reload_settings()
     g = dist.new_group(list(range(world)), backend="qnccl", pg_options=two_step(8, 8))
     os.environ.pop("QCOMM_DEBUG")
-    qcomm._C._testing.reload_settings()
+    qcomm.reload_settings()
     for i in range(5):
         xs = inputs(world, 1 << 18, torch.float32, 60 + i)
         want = ref_allreduce(xs, "two_step", 8, 8).out

@@ -2,7 +2,7 @@
 QCOMM_IPC_KERNELS=separate) on the CPU, every run: its geometry (csrc/cuda/ipc_layout.cpp); the
 collective path's two_step, ring and semi_ring with the CPU codec (bit-identical to the CUDA
 kernels) with their bytes moved through host buffers by the exchange's copy schedule and the
-barrier of csrc/cuda/ipc_barrier.h, one thread per rank (csrc/python/ipc_emulation.*), bit for bit
+barrier of csrc/cuda/ipc_barrier.h, one thread per rank (csrc/testing/ipc_emulation.*), bit for bit
 against qcomm/reference.py; a rank that never comes; and ThreadSanitizer over the same exchange,
 its all-to-all, all-gather and ring legs (scripts/tsan_ipc.sh). The kernels themselves run under
 the SIMT emulator in tests/cuda/test_simt_emulation.py and on a GPU in
@@ -21,6 +21,7 @@ import torch
 from ipc_cases import EMULATED_CASES, emulated_matrix, inputs, same_bits, two_step
 
 import qcomm
+from qcomm import _testing
 from qcomm import reference as ref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,22 +30,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.parametrize("world", [2, 3, 8])
 def test_ipc_exchange_geometry_fits_the_buffer(world):
     for mib_bytes in [kib << 10 for kib in (257, 300, 1024, 32 << 10)]:
-        g = qcomm._C._testing.ipc_exchange_geometry(world, mib_bytes)
+        g = _testing.ipc_exchange_geometry(world, mib_bytes)
         assert g["error"] == "", g
         assert g["round_bytes"] % 16 == 0 and g["round_bytes"] >= 16
         assert world * g["round_bytes"] <= g["half_bytes"]
         assert g["data_offset"] + 2 * g["half_bytes"] <= mib_bytes
         # the rounds use the buffer: less than one more part per rank would fit
         assert world * (g["round_bytes"] + 16) > g["half_bytes"]
-    g = qcomm._C._testing.ipc_exchange_geometry(world, 256 << 10)  # only the flags fit
+    g = _testing.ipc_exchange_geometry(world, 256 << 10)  # only the flags fit
     assert g["round_bytes"] == 0 and "QCOMM_IPC_BUFFER_MB" in g["error"], g
-    assert "at most 8 ranks" in qcomm._C._testing.ipc_exchange_geometry(9, 32 << 20)["error"]
+    assert "at most 8 ranks" in _testing.ipc_exchange_geometry(9, 32 << 20)["error"]
 
 
 def _emulate_separate(xs, bufs, rs, ag, average=False, symmetric=False, stochastic=False, seq=0):
     cfg = two_step(rs, ag, symmetric, stochastic)
     outs = [x.clone() for x in xs]
-    qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.encoded(), average, seq)
+    _testing.ipc_separate_emulate(outs, bufs, cfg.encoded(), average, seq)
     return outs
 
 
@@ -84,7 +85,7 @@ def test_ipc_separate_kernels_emulated_rotate_as_the_reference(world):
         cfg = two_step(rs, ag, stochastic=sr).replace(rotate=True)
         xs = inputs(world, n, dtype, 70 + i)
         outs = [x.clone() for x in xs]
-        qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.encoded(), avg, i)
+        _testing.ipc_separate_emulate(outs, bufs, cfg.encoded(), avg, i)
         want = ref.allreduce(
             xs, "two_step", rs, ag, average=avg, rotate=True, stochastic_seq=i if sr else None
         ).out
@@ -126,7 +127,7 @@ def test_ipc_separate_kernels_emulated_rings_match_the_reference(algorithm, worl
             )
             xs = inputs(world, n, dtype, 90 + seq)
             outs = [x.clone() for x in xs]
-            qcomm._C._testing.ipc_separate_emulate(outs, bufs, cfg.encoded(), avg, seq)
+            _testing.ipc_separate_emulate(outs, bufs, cfg.encoded(), avg, seq)
             want = ref.allreduce(
                 xs,
                 algorithm,
@@ -181,9 +182,7 @@ def test_ipc_separate_kernels_emulated_sharded_calls_match_the_reference(world):
         name = f"{algorithm} {dtype} shard={shard}"
         xs = inputs(world, shard * world, dtype, 300 + seq)
         before = [x.clone() for x in xs]
-        outs = qcomm._C._testing.ipc_sharded_emulate(
-            xs, bufs, cfg.encoded(), 1, op, factor or 1.0, seq
-        )
+        outs = _testing.ipc_sharded_emulate(xs, bufs, cfg.encoded(), 1, op, factor or 1.0, seq)
         want = ref.reduce_scatter(
             xs, algorithm, bits, op=op, factor=factor, stochastic_seq=seq if sr else None,
             rotate=False,
@@ -196,9 +195,7 @@ def test_ipc_separate_kernels_emulated_sharded_calls_match_the_reference(world):
         if algorithm != "two_step":
             continue  # the gather phase is the same whatever the config's algorithm
         shards = [x[:shard].clone() for x in xs]
-        outs = qcomm._C._testing.ipc_sharded_emulate(
-            shards, bufs, cfg.encoded(), 2, "sum", 1.0, seq
-        )
+        outs = _testing.ipc_sharded_emulate(shards, bufs, cfg.encoded(), 2, "sum", 1.0, seq)
         want = ref.all_gather(shards, 12 - bits, rotate=False).out
         for r, o in enumerate(outs):
             if not same_bits(o, want):
@@ -220,7 +217,7 @@ def test_ipc_separate_kernels_emulated_report_a_missing_rank_instead_of_hanging(
         match=r"rank \d timed out in the separate kernels' barrier 0 of its call "
         r"waiting for rank 2",
     ):
-        qcomm._C._testing.ipc_separate_emulate(
+        _testing.ipc_separate_emulate(
             [x.clone() for x in xs], bufs, cfg.encoded(), timeout_ms=300, ranks=[0, 1]
         )
     # the abort word is set in every rank's buffer: the peers stop at once, not after a time-out
@@ -240,9 +237,7 @@ def test_ipc_separate_kernels_emulated_stop_at_once_when_a_rank_abandons_its_cal
     cfg = qcomm.QuantConfig(algorithm="two_step", min_bytes=0)
     t0 = time.monotonic()
     with pytest.raises(RuntimeError) as e:
-        qcomm._C._testing.ipc_separate_emulate(
-            outs, bufs, cfg.encoded(), timeout_ms=timeout_ms, abandon=[2]
-        )
+        _testing.ipc_separate_emulate(outs, bufs, cfg.encoded(), timeout_ms=timeout_ms, abandon=[2])
     took = time.monotonic() - t0
     msg = str(e.value)
     assert re.search(
@@ -278,7 +273,7 @@ def test_ipc_separate_kernels_emulated_refuse_a_mismatched_call_on_every_rank(al
         outs = [inputs(1, n, dt, 3 + r)[0].clone() for r, (n, dt) in enumerate(zip(numels, dtypes))]
         t0 = time.monotonic()
         with pytest.raises(RuntimeError) as e:
-            qcomm._C._testing.ipc_separate_emulate(
+            _testing.ipc_separate_emulate(
                 outs,
                 bufs,
                 cfg.encoded(),
@@ -297,7 +292,7 @@ def test_ipc_separate_kernels_emulated_refuse_a_mismatched_call_on_every_rank(al
         # the abort word stays set: the next call on these buffers stops too (the backend refuses
         # it before that, naming this error)
         with pytest.raises(RuntimeError, match="a peer gave up|disagree"):
-            qcomm._C._testing.ipc_separate_emulate(
+            _testing.ipc_separate_emulate(
                 [inputs(1, 100, torch.float32, 9)[0] for _ in range(world)], bufs, cfg.encoded()
             )
 

@@ -3,10 +3,10 @@
 // (CudaCodecOps, csrc/cuda/cuda_codec_ops.cpp over the kernels of csrc/cuda/codec_kernels.cu) run
 // by the SIMT emulator, their exchanges moved by the CUDA-IPC transport's copy schedule
 // (IpcExchangeTransport, csrc/transport/ipc_exchange.h) through host buffers with the host barrier
-// (csrc/python/ipc_emulation.h), one thread per rank: the backend's CUDA-IPC path with the separate
-// kernels, except that the copies and barriers run on the host. The CPU tests otherwise run these
-// schedules with the CPU codec only (qcomm._C._testing.ipc_separate_emulate); this driver is how
-// the kernels meet the schedules' real call sequences (aliased partial sums, rotation, raw
+// (csrc/testing/ipc_emulation.h), one thread per rank: the backend's CUDA-IPC path with the
+// separate kernels, except that the copies and barriers run on the host. The CPU tests otherwise
+// run these schedules with the CPU codec only (qcomm._testing.ipc_separate_emulate); this driver is
+// how the kernels meet the schedules' real call sequences (aliased partial sums, rotation, raw
 // phases) without a GPU. Run by scripts/simt_check.sh schedules DIR; the comparison against
 // qcomm/reference.py is tests/cuda/test_simt_schedules.py's.
 //
@@ -36,7 +36,7 @@
 #include "cuda/cuda_codec_ops.h"
 #include "cuda/ipc_layout.h"
 #include "plan/plan.h"
-#include "python/ipc_emulation.h"
+#include "testing/ipc_emulation.h"
 #include "transport/ipc_exchange.h"
 
 using namespace qcomm;

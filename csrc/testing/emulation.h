@@ -1,5 +1,5 @@
-// Helpers of the test hooks (testing.cpp, testing_fused.cpp): the codec's dtype of a tensor, and
-// the plan of a CUDA-IPC call emulated on host memory.
+// Helpers of the test hooks (testing.cpp, testing_fused.cpp): the plan of a CUDA-IPC call emulated
+// on host memory.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -8,17 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "common/torch_dtype.h"
 #include "plan/plan.h"
+#include "python/codec.h"
 #include "python/convert.h"
 
 namespace qcomm {
-
-inline int32_t dtypeCode(at::ScalarType t) {
-  const int32_t code = dtypeOf(t);
-  TORCH_CHECK_VALUE(code >= 0, "[qcomm] codec: dtype ", t, " is not fp32, fp16 or bf16");
-  return code;
-}
 
 // The plan of an emulated CUDA-IPC call: one contiguous CPU input (the message) and one equal
 // uint8 buffer per rank (at least 2), a config that quantizes. With `separate` (the separate

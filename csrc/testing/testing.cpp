@@ -1,9 +1,9 @@
-// qcomm._C._testing (testing.h): the codec entry points the tests compare against
-// qcomm/reference.py, the collective schedule over the inner backend (what CUDA tensors run) on any
-// device, the CUDA-IPC exchange emulated on host memory, a wire-recording backend, and switches the
-// tests and benchmarks flip. Nothing here is part of the public API.
-#include "python/testing.h"
-
+// qcomm._testing, the test hooks' own extension module, built for the tests only
+// (QCOMM_TEST_HOOKS=1, scripts/setup.sh) and linked against qcomm._C, whose code and state it
+// shares: codec pieces the tests compare against qcomm/reference.py, the collective schedule over
+// the inner backend (what CUDA tensors run) on any device, the CUDA-IPC exchange emulated on host
+// memory, a wire-recording backend, and switches the tests flip. Nothing here is a public API;
+// what users and the benchmarks may call is in qcomm._C (python/).
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <pybind11/chrono.h>
@@ -26,18 +26,14 @@
 #include "common/settings.h"
 #include "common/torch_dtype.h"
 #include "cuda/ipc_layout.h"
+#include "python/codec.h"
 #include "python/convert.h"
-#include "python/emulation.h"
 #include "python/holder.h"
-#include "python/ipc_emulation.h"
-#include "python/recording_backend.h"
+#include "testing/emulation.h"
+#include "testing/ipc_emulation.h"
+#include "testing/recording_backend.h"
 #include "transport/c10d_transport.h"
 #include "transport/ipc_exchange.h"
-#ifdef QCOMM_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-
-#include "cuda/cuda_codec_ops.h"
-#endif
 
 namespace py = pybind11;
 
@@ -84,112 +80,6 @@ void registerFusedTesting(py::module& m);  // testing_fused.cpp
 
 namespace {
 
-CodecSpec makeSpec(int bits, int groupSize, bool symmetric, at::ScalarType raw) {
-  QuantConfig probe;
-  probe.rsBits = bits;
-  probe.groupSize = groupSize;
-  validateConfig(probe);
-  return CodecSpec{bits, groupSize, symmetric ? 1 : 0, dtypeCode(raw)};
-}
-
-// No noise (round to nearest) when salt is None.
-Noise noiseOf(const py::object& salt, int64_t base) {
-  return Noise{salt.is_none() ? 0u : salt.cast<uint32_t>(), base, salt.is_none() ? 0 : 1};
-}
-
-// The CodecOps of memory on `device`: the CPU loops, or the CUDA kernels on the device's current
-// stream.
-std::unique_ptr<CodecOps> codecOpsFor(const c10::Device& device) {
-  if (device.is_cpu()) return std::make_unique<CpuCodecOps>();
-#ifdef QCOMM_WITH_CUDA
-  if (device.is_cuda()) {
-    return makeCudaCodecOps(c10::cuda::getCurrentCUDAStream(device.index()).stream());
-  }
-#endif
-  TORCH_CHECK_VALUE(false, "[qcomm] no codec for tensors on ", device,
-                    device.is_cuda() ? " (this build of qcomm has no CUDA kernels)" : "");
-}
-
-// Encode a 1-D CPU tensor with one codec: returns the wire bytes. rotate: the rotated codec
-// (encodeRotatedBlock, whole groups; a raw codec, bits 0, then stores fp32).
-// `out`, where given, receives the result instead of a new tensor (benchmarks reuse one buffer, so
-// that a large output's first-touch page faults are not timed with the codec).
-at::Tensor outputOf(const c10::optional<at::Tensor>& out, int64_t n, at::ScalarType dtype) {
-  if (!out) return at::empty({n}, dtype);
-  TORCH_CHECK_VALUE(out->device().is_cpu() && out->scalar_type() == dtype && out->dim() == 1 &&
-                        out->numel() == n && out->is_contiguous(),
-                    "[qcomm] out: expected a contiguous 1-D CPU tensor of ", n, " ", dtype);
-  return *out;
-}
-
-at::Tensor codecEncode(const at::Tensor& x, int bits, int groupSize, bool symmetric,
-                       py::object noiseSalt, int64_t noiseBase, bool rotate,
-                       const c10::optional<at::Tensor>& into) {
-  TORCH_CHECK_VALUE(x.device().is_cpu(), "[qcomm] codec: CPU tensors only");
-  at::Tensor c = x.contiguous().view({-1});
-  const CodecSpec spec =
-      makeSpec(bits, groupSize, symmetric, rotate ? at::kFloat : c.scalar_type());
-  // every byte is written
-  at::Tensor out = outputOf(into, encodedBytes(c.numel(), spec), at::kByte);
-  const Noise noise = noiseOf(noiseSalt, noiseBase);
-  if (rotate) {
-    encodeRotatedBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec,
-                       out.data_ptr<uint8_t>(), noise);
-  } else {
-    encodeBlock(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), spec, out.data_ptr<uint8_t>(),
-                noise);
-  }
-  return out;
-}
-
-// Decode wire bytes of n elements to fp32 (rotate: and rotate each group back).
-// accumulate: out += the decoded values (out must be given).
-at::Tensor codecDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSize, bool symmetric,
-                       at::ScalarType raw, bool rotate, const c10::optional<at::Tensor>& into,
-                       bool accumulate, bool streamed) {
-  const CodecSpec spec = makeSpec(bits, groupSize, symmetric, raw);
-  TORCH_CHECK_VALUE(bytes.scalar_type() == at::kByte && bytes.numel() == encodedBytes(n, spec),
-                    "[qcomm] codec: expected ", encodedBytes(n, spec), " bytes");
-  TORCH_CHECK_VALUE(!accumulate || (into && !rotate),
-                    "[qcomm] codec: accumulate=True adds into out= (not rotated)");
-  TORCH_CHECK_VALUE(!streamed || (!accumulate && !rotate),
-                    "[qcomm] codec: streamed=True overwrites (not accumulate, not rotated)");
-  at::Tensor b = bytes.contiguous();
-  at::Tensor out = outputOf(into, n, at::kFloat);
-  if (rotate) {
-    decodeRotatedBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>());
-  } else if (streamed) {
-    decodeBlockStreamed(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>());
-  } else {
-    decodeBlock(b.data_ptr<uint8_t>(), n, spec, out.data_ptr<float>(), accumulate);
-  }
-  return out;
-}
-
-// The sum, in fp32 in list order, of the decoded values of blocks (CPU; CpuCodecOps::decodeSum),
-// added to out= with accumulate.
-at::Tensor codecDecodeSum(const std::vector<at::Tensor>& blocks, int64_t n, int bits, int groupSize,
-                          bool symmetric, at::ScalarType raw, const c10::optional<at::Tensor>& into,
-                          bool accumulate) {
-  const CodecSpec spec = makeSpec(bits, groupSize, symmetric, raw);
-  TORCH_CHECK_VALUE(!blocks.empty(), "[qcomm] codec_decode_sum: no block to sum");
-  TORCH_CHECK_VALUE(!accumulate || into,
-                    "[qcomm] codec_decode_sum: accumulate=True adds into out=");
-  std::vector<at::Tensor> held;
-  for (const at::Tensor& b : blocks) {
-    TORCH_CHECK_VALUE(
-        b.device().is_cpu() && b.scalar_type() == at::kByte && b.numel() == encodedBytes(n, spec),
-        "[qcomm] codec_decode_sum: expected ", encodedBytes(n, spec),
-        " bytes (uint8, CPU) per block");
-    held.push_back(b.contiguous());
-  }
-  at::Tensor out = outputOf(into, n, at::kFloat);
-  CpuCodecOps ops;
-  ops.decodeSum([&](int j) { return held[size_t(j)].data_ptr<uint8_t>(); }, int(held.size()), n,
-                spec, out.data_ptr<float>(), accumulate);
-  return out;
-}
-
 // H float(x) per group of groupSize (CPU; whole groups).
 at::Tensor rotateToFloatT(const at::Tensor& x, int groupSize) {
   at::Tensor c = x.contiguous().view({-1});
@@ -197,37 +87,6 @@ at::Tensor rotateToFloatT(const at::Tensor& x, int groupSize) {
   rotateToFloat(c.data_ptr(), dtypeCode(c.scalar_type()), c.numel(), groupSize,
                 out.data_ptr<float>());
   return out;
-}
-
-// One ring hop through the CodecOps of local's device (CPU loops or CUDA kernels on the current
-// stream): partial = decode(src) + local, dst = encode(partial). Both codecs carry local's dtype
-// as their raw dtype, as a plan's do. Returns (partial, dst).
-std::tuple<at::Tensor, at::Tensor> codecOpsHop(const at::Tensor& src, int inBits,
-                                               const at::Tensor& local, int outBits, int groupSize,
-                                               bool symmetric, py::object noiseSalt,
-                                               int64_t noiseBase,
-                                               const c10::optional<at::Tensor>& intoPartial,
-                                               const c10::optional<at::Tensor>& intoDst) {
-  const c10::DeviceGuard guard(local.device());
-  at::Tensor l = local.contiguous().view({-1});
-  const int64_t n = l.numel();
-  const CodecSpec in = makeSpec(inBits, groupSize, symmetric, l.scalar_type());
-  const CodecSpec out = makeSpec(outBits, groupSize, symmetric, l.scalar_type());
-  TORCH_CHECK_VALUE(src.device() == l.device() && src.scalar_type() == at::kByte &&
-                        src.numel() == encodedBytes(n, in),
-                    "[qcomm] hop: expected ", encodedBytes(n, in), " bytes on ", l.device());
-  at::Tensor s = src.contiguous();
-  at::Tensor partial = intoPartial && l.device().is_cpu()
-                           ? outputOf(intoPartial, n, at::kFloat)
-                           : at::empty({n}, l.options().dtype(at::kFloat));
-  at::Tensor dst = intoDst && l.device().is_cpu()
-                       ? outputOf(intoDst, encodedBytes(n, out), at::kByte)
-                       : at::empty({encodedBytes(n, out)}, l.options().dtype(at::kByte));
-  codecOpsFor(l.device())
-      ->decodeAddEncode(s.data_ptr<uint8_t>(), in, l.data_ptr(), in.rawDtype, n,
-                        partial.data_ptr<float>(), out, dst.data_ptr<uint8_t>(),
-                        noiseOf(noiseSalt, noiseBase));
-  return {partial, dst};
 }
 
 // fp32 -> dtype and back through the shared header's converters (compared with torch's casts).
@@ -530,65 +389,16 @@ std::vector<at::Tensor> ipcShardedEmulate(std::vector<at::Tensor> inputs,
   return outs;
 }
 
-}  // namespace
-
+// Every hook, in `m`; backendBase is torch's c10d Backend class.
 void registerTesting(py::module& m, py::object backendBase) {
-  m.def("codec_encode", &codecEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
-        py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0,
-        py::arg("rotate") = false, py::arg("out") = py::none());
-  m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
-        py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat,
-        py::arg("rotate") = false, py::arg("out") = py::none(), py::arg("accumulate") = false,
-        py::arg("streamed") = false);
   m.def("rotate_to_float", &rotateToFloatT, py::arg("x"), py::arg("group_size"));
-  m.def("encoded_bytes", [](int64_t n, int bits, int groupSize, bool symmetric) {
-    return encodedBytes(n, CodecSpec{bits, groupSize, symmetric ? 1 : 0, kFloat32});
-  });
-  m.def("codec_decode_sum", &codecDecodeSum, py::arg("blocks"), py::arg("numel"), py::arg("bits"),
-        py::arg("group_size"), py::arg("symmetric"), py::arg("raw_dtype") = at::kFloat,
-        py::arg("out") = py::none(), py::arg("accumulate") = false);
-  m.def("codec_ops_hop", &codecOpsHop, py::arg("src"), py::arg("in_bits"), py::arg("local"),
-        py::arg("out_bits"), py::arg("group_size"), py::arg("symmetric"),
-        py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0,
-        py::arg("partial_out") = py::none(), py::arg("out") = py::none());
   m.def("noise_salt", &noiseSalt, py::arg("call_seq"), py::arg("rank"), py::arg("phase"));
   // a config to C++ and back, by name (python/convert.h)
   m.def("config_round_trip", [](py::object cfg) { return configToDict(configFrom(cfg)); });
   m.def("cast_from_float", &castFloat, py::arg("x"), py::arg("dtype"));
   m.def("cast_to_float", &castToFloatT, py::arg("x"));
-  // the CPU codec loops' instruction set, switched (tests and benchmarks compare them; users set
-  // QCOMM_CPU_ISA)
-  m.def("set_cpu_isa", &setCpuIsa, py::arg("name"));
   // the tuner (plan/tuning.h): its decision rule, and per-rank timings skewed on purpose
-  m.def(
-      "tune_candidates",
-      [](int world, bool streamOrdered, int32_t collective) {
-        std::vector<std::string> out;
-        for (const TuneChoice& c : tuneCandidates(world, streamOrdered, collective)) {
-          out.push_back(choiceName(c));
-        }
-        return out;
-      },
-      py::arg("world"), py::arg("stream_ordered") = false, py::arg("collective") = 0);
   m.def("tune_decide", &decideTuning, py::arg("seconds"), py::arg("margin"));
-  // the call fingerprint the CUDA-IPC barrier compares (plan.h planFingerprint), of the plan a
-  // call of `numel` elements of `dtype` would have on `world` ranks
-  m.def(
-      "plan_fingerprint",
-      [](py::object cfg, int64_t numel, at::ScalarType dtype, bool average, uint32_t callSeq,
-         int world) {
-        CallFacts f;
-        f.numel = numel;
-        f.dtype = dtypeCode(dtype);
-        f.opSum = !average;
-        f.opAvg = average;
-        f.world = world;
-        Plan plan = makePlan(f, configFrom(cfg));
-        plan.callSeq = callSeq;
-        return planFingerprint(plan);
-      },
-      py::arg("config"), py::arg("numel"), py::arg("dtype"), py::arg("average") = false,
-      py::arg("call_seq") = 0, py::arg("world") = 2);
   m.def("tune_keep_after_first_run", &keepAfterFirstRun, py::arg("seconds"), py::arg("factor"));
   m.def("tune_keep", &tuneKeep, py::arg("first"), py::arg("factor"), py::arg("budget"),
         py::arg("min_rounds"));
@@ -655,8 +465,6 @@ void registerTesting(py::module& m, py::object backendBase) {
         "QncclBackend objects alive in this process (for tests of group destruction)");
   m.def("progress_threads", &ProgressQueue::liveThreads,
         "groups' progress threads alive in this process (for tests of group destruction)");
-  m.def("reload_settings", &settings::reload,
-        "forget the process-scoped settings read so far (tests that change the environment)");
   m.def("collective_allreduce_for_test", &collectiveAllreduce, py::arg("backend"),
         py::arg("tensor"), py::arg("avg") = false, py::arg("force_world1") = false,
         py::arg("call_seq") = -1, py::arg("timeout") = std::chrono::milliseconds(300000),
@@ -683,7 +491,10 @@ void registerTesting(py::module& m, py::object backendBase) {
         return d;
       },
       py::arg("world"), py::arg("buffer_bytes"));
-  py::class_<RecordingBackend, NoGilPtr<RecordingBackend>>(m, "RecordingBackend", backendBase)
+  py::class_<RecordingBackend, NoGilPtr<RecordingBackend>>(
+      m, "RecordingBackend", backendBase,
+      "a c10d backend that forwards to `inner` and records what this rank puts on the wire "
+      "(testing/recording_backend.h)")
       .def(py::init([](py::object inner) {
              return c10::make_intrusive<RecordingBackend>(backendOf(inner));
            }),
@@ -698,4 +509,13 @@ void registerTesting(py::module& m, py::object backendBase) {
 #endif
 }
 
+}  // namespace
 }  // namespace qcomm
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // qcomm._C first: it registers QncclBackend with pybind11, which the hooks that take a backend
+  // cast to (the dynamic loader has already mapped its code, one copy for both modules).
+  py::module::import("qcomm._C");
+  m.doc() = "qcomm's test hooks (tests only, not a public API)";
+  qcomm::registerTesting(m, py::module::import("torch._C._distributed_c10d").attr("Backend"));
+}

@@ -1,5 +1,6 @@
-// Test hooks (qcomm._C._testing): Python entry points to the CUDA codec kernels (csrc/cuda/), for
-// the GPU tests and benchmarks. Built only with CUDA.
+// Test hooks (qcomm._testing): the CUDA codec kernels (csrc/cuda/) beyond what qcomm.codec offers
+// (python/codec.cpp): blocks at any offset of one buffer, a hop with groups of its own, AVG's
+// division, for the GPU tests. Built only with CUDA.
 #ifdef QCOMM_WITH_CUDA
 
 #include <ATen/ATen.h>
@@ -51,41 +52,6 @@ const uint8_t* blockAt(const at::Tensor& bytes, int64_t offset, const char* fn) 
                     ": an encoded block must start at a multiple of 4 bytes (its scales are "
                     "floats)");
   return p;
-}
-
-at::Tensor cudaEncode(const at::Tensor& x, int bits, int groupSize, bool symmetric,
-                      py::object noiseSalt, int64_t noiseBase) {
-  TORCH_CHECK_VALUE(x.is_cuda(), "[qcomm] cuda_codec_encode takes a CUDA tensor");
-  c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor c = x.contiguous().view({-1});
-  const CodecSpec s = spec(bits, groupSize, symmetric, c.scalar_type());
-  // every byte is written by the kernel (metadata, padding, codes), so no memset is needed
-  at::Tensor out = at::empty({encodedBytes(c.numel(), s)}, c.options().dtype(at::kByte));
-  const Noise noise{noiseSalt.is_none() ? 0u : noiseSalt.cast<uint32_t>(), noiseBase,
-                    noiseSalt.is_none() ? 0 : 1};
-  check(gpu::encode(c.data_ptr(), s.rawDtype, c.numel(), s, out.data_ptr<uint8_t>(), noise,
-                    at::cuda::getCurrentCUDAStream()),
-        "encode");
-  return out;
-}
-
-// Decode into a new fp32 tensor, or into `out` (any fp32 CUDA view of numel elements, possibly
-// misaligned: the kernel's scalar path), adding to it with accumulate.
-at::Tensor cudaDecode(const at::Tensor& bytes, int64_t n, int bits, int groupSize, bool symmetric,
-                      py::object out, bool accumulate) {
-  TORCH_CHECK_VALUE(bytes.is_cuda(), "[qcomm] cuda_codec_decode takes a CUDA tensor");
-  c10::cuda::CUDAGuard guard(bytes.device());
-  const CodecSpec s = spec(bits, groupSize, symmetric, at::kFloat);
-  TORCH_CHECK_VALUE(bytes.numel() == encodedBytes(n, s), "[qcomm] codec: expected ",
-                    encodedBytes(n, s), " bytes");
-  at::Tensor b = bytes.contiguous();
-  TORCH_CHECK_VALUE(!accumulate || !out.is_none(),
-                    "[qcomm] cuda_codec_decode: accumulate needs `out`");
-  at::Tensor o = floatOut(out, n, b, "cuda_codec_decode");
-  check(gpu::decode(blockAt(b, 0, "cuda_codec_decode"), n, s, o.data_ptr<float>(), accumulate,
-                    at::cuda::getCurrentCUDAStream()),
-        "decode");
-  return o;
 }
 
 // The fused ring hop: partial = decode(src) + local, then partial encoded with the out codec.
@@ -158,11 +124,6 @@ at::Tensor cudaDivide(const at::Tensor& x, int world) {
 }  // namespace
 
 void registerCudaTesting(py::module& m) {
-  m.def("cuda_codec_encode", &cudaEncode, py::arg("x"), py::arg("bits"), py::arg("group_size"),
-        py::arg("symmetric"), py::arg("noise_salt") = py::none(), py::arg("noise_base") = 0);
-  m.def("cuda_codec_decode", &cudaDecode, py::arg("bytes"), py::arg("numel"), py::arg("bits"),
-        py::arg("group_size"), py::arg("symmetric"), py::arg("out") = py::none(),
-        py::arg("accumulate") = false);
   m.def("cuda_codec_decode_sum", &cudaDecodeSum, py::arg("buffer"), py::arg("offsets"),
         py::arg("numel"), py::arg("bits"), py::arg("group_size"), py::arg("symmetric"),
         py::arg("out") = py::none(), py::arg("accumulate") = false);

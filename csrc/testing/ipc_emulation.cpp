@@ -1,5 +1,5 @@
 // The host emulation of the separate kernels' barrier (ipc_emulation.h).
-#include "python/ipc_emulation.h"
+#include "testing/ipc_emulation.h"
 
 namespace qcomm {
 namespace {

@@ -1,4 +1,4 @@
-// qcomm._C._testing's hooks of the fused CUDA-IPC two_step experiment
+// qcomm._testing's hooks of the fused CUDA-IPC two_step experiment
 // (csrc/experiments/ipc_fused/; builds with QCOMM_EXPERIMENTS=1 only): ipc_two_step_emulate, its
 // protocol run on host memory, and ipc_geometry, its tiling. Not a public API.
 #ifdef QCOMM_EXPERIMENTS
@@ -16,7 +16,7 @@
 #include "experiments/ipc_fused/fused_layout.h"
 #include "plan/config.h"
 #include "plan/plan.h"
-#include "python/emulation.h"
+#include "testing/emulation.h"
 
 namespace py = pybind11;
 
