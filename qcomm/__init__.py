@@ -380,21 +380,43 @@ def reset_stats(group=None) -> None:
 COLLECTIVES = {"all_reduce": 0, "reduce_scatter": 1, "all_gather": 2}
 
 
-def plan(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, collective="all_reduce") -> dict:
+def plan(tensor, op=dist.ReduceOp.SUM, group=None, collective="all_reduce") -> dict:
     """What a collective of `tensor` on `group` would do now: quantize or pass through (and why),
     the algorithm, bits and chunking. `collective`: "all_reduce" (of `tensor`), "reduce_scatter"
     (`tensor` is the input, W shards; the output is 1/W of it) or "all_gather" (`tensor` is the
-    input shard; the output is W times it)."""
+    input shard; the output is W times it). A list of tensors: the coalesced form of the call
+    (`all_reduce_coalesced`, funcol's `*_coalesced`), planned as the one packed message it
+    becomes where its tensors are alike (one dtype and device, dense; a reduce-scatter's inputs W
+    shards each)."""
     be = backend_of(group)
+    world = dist.get_world_size(group)
+    alike = True
+    if isinstance(tensor, (list, tuple)):
+        ts = list(tensor)
+        if not ts:
+            raise ValueError("qcomm.plan: an empty list of tensors")
+        alike = all(
+            t.dtype == ts[0].dtype and t.device == ts[0].device and t.layout == torch.strided
+            for t in ts
+        )
+        if collective == "reduce_scatter":
+            alike = alike and all(t.numel() % world == 0 for t in ts)
+        tensor = (
+            ts[0]
+            if len(ts) == 1
+            else torch.empty(
+                sum(t.numel() for t in ts) if alike else 0, dtype=ts[0].dtype, device=ts[0].device
+            )
+        )
+        alike = alike or len(ts) == 1
     if collective == "all_reduce":
-        d = dict(be.plan(tensor, op))
+        d = dict(be.plan(tensor, op, alike=alike))
         d["collective"] = collective
         return d
     if collective not in COLLECTIVES:
         raise ValueError(
             f"qcomm.plan: collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}"
         )
-    world = dist.get_world_size(group)
     flat = tensor.reshape(-1)
     if collective == "reduce_scatter":
         message, shard = flat, flat[: max(0, flat.numel() // world)]
@@ -403,7 +425,7 @@ def plan(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, collective="all
     else:
         shard, message = flat, torch.empty(flat.numel() * world, dtype=tensor.dtype)
         op = dist.ReduceOp.SUM
-    return dict(be.plan_sharded(COLLECTIVES[collective], message, shard, op))
+    return dict(be.plan_sharded(COLLECTIVES[collective], message, shard, op, alike=alike))
 
 
 def plan_fingerprint(

@@ -40,6 +40,64 @@ bool likeShard(const std::vector<at::Tensor>& ts, const at::Tensor& shard) {
   return true;
 }
 
+// Whether `ts` are one dtype and device, and dense (a coalesced call's tensors).
+bool alikeAll(const std::vector<at::Tensor>& ts) {
+  for (const at::Tensor& t : ts) {
+    if (t.scalar_type() != ts[0].scalar_type() || t.device() != ts[0].device() ||
+        t.layout() != at::kStrided) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A sharded coalesced call's tensors: all alike, and each of `full` W times its `part`.
+bool alikeSharded(const std::vector<at::Tensor>& full, const std::vector<at::Tensor>& part,
+                  int world) {
+  std::vector<at::Tensor> all = full;
+  all.insert(all.end(), part.begin(), part.end());
+  if (!alikeAll(all)) return false;
+  for (size_t i = 0; i < full.size(); ++i) {
+    if (full[i].numel() != part[i].numel() * world) return false;
+  }
+  return true;
+}
+
+int64_t numelOf(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const at::Tensor& t : ts) n += t.numel();
+  return n;
+}
+
+// A packed message of `rows` rows: row r holds, side by side, row r of each tensor (its r-th
+// 1/rows of elements). packRows fills `packed` from the tensors, unpackRows the tensors from it.
+void packRows(at::Tensor& packed, const std::vector<at::Tensor>& ts, int rows) {
+  const int64_t rowLen = packed.numel() / rows;
+  int64_t off = 0;
+  for (const at::Tensor& t : ts) {
+    const int64_t n = t.numel() / rows;
+    const at::Tensor flat = t.reshape({-1});
+    for (int r = 0; r < rows; ++r) {
+      packed.narrow(0, r * rowLen + off, n).copy_(flat.narrow(0, r * n, n));
+    }
+    off += n;
+  }
+}
+
+void unpackRows(const at::Tensor& packed, const std::vector<at::Tensor>& ts, int rows) {
+  const int64_t rowLen = packed.numel() / rows;
+  int64_t off = 0;
+  for (at::Tensor t : ts) {
+    const int64_t n = t.numel() / rows;
+    at::Tensor flat = t.is_contiguous() ? t.view({-1}) : at::empty({t.numel()}, t.options());
+    for (int r = 0; r < rows; ++r) {
+      flat.narrow(0, r * n, n).copy_(packed.narrow(0, r * rowLen + off, n));
+    }
+    if (!t.is_contiguous()) t.copy_(flat.view(t.sizes()));
+    off += n;
+  }
+}
+
 // Gloo refuses PREMUL_SUM: a reduce-scatter that a group quantizing reduce-scatters passes
 // through gives NCCL's meaning instead (each rank's input times the factor, then summed).
 bool lowersPremul(const at::Tensor& t, const c10d::ReduceOp& op, bool reduceScatter) {
@@ -103,9 +161,10 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::issue(Call call) {
 }
 
 Plan QncclBackend::plan(int32_t collective, const at::Tensor& message, const at::Tensor& shard,
-                        c10d::ReduceOp op) const {
-  const Call c = callOf(collective, "plan", c10d::OpType::UNKNOWN, message, shard, op,
-                        c10d::kUnsetTimeout, false);
+                        c10d::ReduceOp op, bool alike) const {
+  Call c = callOf(collective, "plan", c10d::OpType::UNKNOWN, message, shard, op,
+                  c10d::kUnsetTimeout, false);
+  c.alike = alike;
   return tuner_.peek(factsOf(group_, c), group_.config());
 }
 
@@ -263,6 +322,102 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allgather(
   return issue(std::move(c));
 }
 
+// ---- the coalesced forms: several tensors in one call ----
+// One tensor: the single form's Call on the caller's tensors. Several, alike (one dtype and
+// device, dense; the sharded forms' inputs W times their outputs): one Call on a packed message
+// (the tensors' elements side by side; for the sharded forms row c of the message holds every
+// tensor's shard c), packed only once the call is to be quantized and unpacked after, so that one
+// agreement and one schedule serve the call. Tensors not alike pass through, saying why.
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const char* name = "allreduce_coalesced";
+  TORCH_CHECK(!tensors.empty(), group_.prefix(), name, ": no tensors given");
+  group_.refuseOverlap(tensors, name);
+  const at::Tensor& first = tensors[0];
+  TORCH_CHECK_VALUE(first.device().is_cpu() || first.is_cuda(), group_.prefix(), name,
+                    ": tensors on ", first.device(),
+                    " are not supported; qnccl takes CPU and CUDA tensors");
+  const bool alike = alikeAll(tensors);
+  const int64_t total = alike ? numelOf(tensors) : 0;
+  const at::Tensor message = tensors.size() == 1 ? first : at::empty({total}, first.options());
+  Call c = callOf(kAllreduce, name, c10d::OpType::ALLREDUCE_COALESCED, message, at::Tensor(),
+                  opts.reduceOp, opts.timeout, opts.asyncOp);
+  c.alike = tensors.size() == 1 || alike;
+  c.inputs = tensors;
+  c.outputs = tensors;
+  c.inner = [=](c10d::Backend* b) mutable { return b->allreduce_coalesced(tensors, opts); };
+  if (tensors.size() > 1 && alike) {
+    c.pack = [tensors](Call& call) { packRows(call.message, tensors, 1); };
+    c.unpack = [tensors](Call& call) { unpackRows(call.message, tensors, 1); };
+  }
+  return issue(std::move(c));
+}
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* name = "reduce_scatter_tensor_coalesced";
+  group_.refuseOverlap(outputs, name);
+  TORCH_CHECK(!inputs.empty() && inputs.size() == outputs.size(), group_.prefix(), name,
+              ": needs as many outputs as inputs, at least one (got ", outputs.size(), " and ",
+              inputs.size(), ")");
+  const bool alike = alikeSharded(inputs, outputs, getSize());
+  const int64_t total = alike ? numelOf(outputs) : 0;
+  const bool one = inputs.size() == 1;
+  const at::Tensor message = one ? inputs[0] : at::empty({total * getSize()}, outputs[0].options());
+  const at::Tensor shard = one ? outputs[0] : at::empty({total}, outputs[0].options());
+  Call c = callOf(kReduceScatter, name, c10d::OpType::COALESCED, message, shard, opts.reduceOp,
+                  opts.timeout, opts.asyncOp);
+  c.alike = one || alike;  // one tensor: the single form's checks (factsOf)
+  c.inputs = inputs;
+  c.outputs = outputs;
+  const bool lower = lowersPremul(outputs[0], opts.reduceOp, group_.config().reduceScatter);
+  c.inner = [=](c10d::Backend* b) mutable {
+    if (!lower) return b->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    std::vector<at::Tensor> scaled;
+    for (const at::Tensor& x : inputs) scaled.push_back(premultiplied(x, opts.reduceOp));
+    c10d::ReduceScatterOptions o = opts;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    return b->reduce_scatter_tensor_coalesced(outputs, scaled, o);
+  };
+  if (!one && alike) {
+    const int world = getSize();
+    c.pack = [inputs, world](Call& call) { packRows(call.message, inputs, world); };
+    c.unpack = [outputs](Call& call) { unpackRows(call.shard, outputs, 1); };
+  }
+  return issue(std::move(c));
+}
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* name = "allgather_into_tensor_coalesced";
+  group_.refuseOverlap(outputs, name);
+  TORCH_CHECK(!inputs.empty() && inputs.size() == outputs.size(), group_.prefix(), name,
+              ": needs as many outputs as inputs, at least one (got ", outputs.size(), " and ",
+              inputs.size(), ")");
+  const bool alike = alikeSharded(outputs, inputs, getSize());
+  const int64_t total = alike ? numelOf(inputs) : 0;
+  const bool one = inputs.size() == 1;
+  const at::Tensor message = one ? outputs[0] : at::empty({total * getSize()}, inputs[0].options());
+  const at::Tensor shard = one ? inputs[0] : at::empty({total}, inputs[0].options());
+  Call c = callOf(kAllGather, name, c10d::OpType::COALESCED, message, shard, c10d::ReduceOp::SUM,
+                  opts.timeout, opts.asyncOp);
+  c.alike = one || alike;  // one tensor: the single form's checks (factsOf)
+  c.inputs = inputs;
+  c.outputs = outputs;
+  c.inner = [=](c10d::Backend* b) mutable {
+    return b->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  };
+  if (!one && alike) {
+    const int world = getSize();
+    c.pack = [inputs](Call& call) { packRows(call.shard, inputs, 1); };
+    c.unpack = [outputs, world](Call& call) { unpackRows(call.message, outputs, world); };
+  }
+  return issue(std::move(c));
+}
+
 // ---- pass-through ----
 // Each: the tensors it writes checked (refuseOverlap), then Group::forward with the tensors it
 // reads (pickAll: counted, checked, the device's inner backend).
@@ -280,13 +435,6 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce_sparse(std::vector<at::Te
       [=](c10d::Backend* b) mutable { return b->allreduce_sparse(tensors, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce_coalesced(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  return group_.passThrough(
-      "allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors, {}, tensors,
-      [=](c10d::Backend* b) mutable { return b->allreduce_coalesced(tensors, opts); });
-}
-
 c10::intrusive_ptr<c10d::Work> QncclBackend::reduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::ReduceOptions& opts) {
   return group_.passThrough("reduce", c10d::OpType::REDUCE, tensors, {}, tensors,
@@ -299,15 +447,6 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_coalesced(
   return group_.passThrough("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED, inputs,
                             flat(outputs), flat(outputs), [=](c10d::Backend* b) mutable {
                               return b->allgather_coalesced(outputs, inputs, opts);
-                            });
-}
-
-c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
-  return group_.passThrough("allgather_into_tensor_coalesced", c10d::OpType::COALESCED, inputs,
-                            outputs, outputs, [=](c10d::Backend* b) mutable {
-                              return b->allgather_into_tensor_coalesced(outputs, inputs, opts);
                             });
 }
 
@@ -325,15 +464,6 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::scatter(std::vector<at::Tensor>& ou
   return group_.passThrough(
       "scatter", c10d::OpType::SCATTER, outputs, flat(inputs), outputs,
       [=](c10d::Backend* b) mutable { return b->scatter(outputs, inputs, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  return group_.passThrough("reduce_scatter_tensor_coalesced", c10d::OpType::COALESCED, inputs,
-                            outputs, outputs, [=](c10d::Backend* b) mutable {
-                              return b->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-                            });
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,

@@ -62,8 +62,9 @@ class QncclBackend : public c10d::Backend {
   // The plan a call of `collective` would take now, as the tuning table says (qcomm.plan's
   // diagnostics): `message` the allreduce's tensor, the reduce-scatter's input or the
   // all-gather's output; `shard` the reduce-scatter's output or the all-gather's input.
+  // alike: false for a coalesced call whose tensors cannot share one message.
   Plan plan(int32_t collective, const at::Tensor& message, const at::Tensor& shard,
-            c10d::ReduceOp op) const;
+            c10d::ReduceOp op, bool alike = true) const;
   // Measures now (collective: every rank calls it with the same host tensor shape and dtype)
   // which of exact and the quantized candidates is fastest for calls of `collective` of this
   // message's dtype and size class (a reduce-scatter's input, an all-gather's output: numel a

@@ -41,7 +41,7 @@ bool complexOrSparse(const at::Tensor& t) {
 
 // The name torch's profiler and the pass-through's record give the call.
 const char* recordName(const Call& call) {
-  return call.collective == kAllreduce ? "all_reduce" : call.name;
+  return std::string(call.name) == "allreduce" ? "all_reduce" : call.name;
 }
 
 // The op's facts: SUM, AVG, and a reduce-scatter's PREMUL_SUM (its factor on the host, or a
@@ -125,15 +125,15 @@ void logCall(Group& g, const Plan& plan, const Call& call) {
               "the last passed through: " +
               plan.reason + " (min_bytes " + std::to_string(c.minBytes) + ")";
     }
-    const std::string key = (allreduce ? "" : std::string(call.name) + "/") + size + "/" + dtype;
+    const std::string key = std::string(call.name) + "/" + size + "/" + dtype;
     fresh = g.logged.insert(key + "/" + what).second;
   }
   if (!quiet.empty()) {
     std::fprintf(stderr, "%sINFO allreduce: %s\n", g.prefix().c_str(), quiet.c_str());
   }
   if (!fresh) return;
-  std::fprintf(stderr, "%sINFO %s of %s (%s): %s\n", g.prefix().c_str(),
-               allreduce ? "allreduce" : call.name, size.c_str(), dtype.c_str(), what.c_str());
+  std::fprintf(stderr, "%sINFO %s of %s (%s): %s\n", g.prefix().c_str(), call.name, size.c_str(),
+               dtype.c_str(), what.c_str());
 }
 
 // A call that passes through: counted, checked, forwarded to the inner backend.
@@ -236,7 +236,16 @@ void runQueued(Group& g, Tuner& tuner, Plan plan, Call& call, bool tableDecides)
   g.checkUsable(call.name);
   g.useCodecThreads();
   const Clock::time_point start = Clock::now();
+  // a list form's message is packed once the call quantizes: a class the tuner found exact
+  // faster runs the inner call on the caller's tensors, with no copy; but a class the tuner may
+  // measure now is measured on the packed message
+  bool packed = false;
+  auto pack = [&] {
+    if (call.pack && !packed) call.pack(call);
+    packed = true;
+  };
   if (tableDecides) {
+    if (call.config.tune) pack();
     const uint32_t seq = plan.callSeq;
     plan =
         tuner.decide(plan, call.facts, call.config, call.message, call.timeout, call.config.tune);
@@ -245,6 +254,7 @@ void runQueued(Group& g, Tuner& tuner, Plan plan, Call& call, bool tableDecides)
   }
   std::string mismatch;
   if (plan.quantize) {
+    pack();
     g.guardTransport([&] { mismatch = runHost(g, plan, call); });
   } else {
     // tuned: the exact call measured faster. Gloo's refusal of it (an argument error) is the
@@ -277,6 +287,7 @@ CallFacts factsOf(const Group& g, const Call& call) {
                 s.scalar_type() == m.scalar_type() && s.device() == m.device();
   }
   opFacts(call, f);
+  f.alike = call.alike;
   f.disabled = g.disabled;
   f.cuda = call.message.is_cuda();
 #ifdef QCOMM_WITH_CUDA
@@ -305,12 +316,14 @@ c10::intrusive_ptr<c10d::Work> issueCall(Group& g, Tuner& tuner, CudaSide& cuda,
   if (!plan.quantize) return passThrough(g, call);
   g.checkUsable(call.name);
   if (call.collective != kAllreduce) g.refuseOverlap({call.message, call.shard}, call.name);
-  if (call.pack) call.pack(call);
   // counted for every call the config quantizes, a class tuned to exact too: the number is a
   // function of the calls issued, not of when this rank read the table
   plan.callSeq = g.callSeq++;
 #ifdef QCOMM_WITH_CUDA
-  if (call.facts.cuda) return runCuda(g, cuda, plan, call);
+  if (call.facts.cuda) {
+    if (call.pack) call.pack(call);  // on the caller's stream, where the inputs are ready
+    return runCuda(g, cuda, plan, call);
+  }
 #else
   (void)cuda;
 #endif

@@ -42,6 +42,7 @@ struct Call {
   std::chrono::milliseconds timeout{0};
   bool asyncOp = true;
   bool shapeOk = true;              // the list forms check their shapes themselves
+  bool alike = true;                // the coalesced forms: their tensors can share one message
   std::vector<at::Tensor> inputs;   // what the profiler's record shows
   std::vector<at::Tensor> outputs;  // what the Work gives
   // the inner backend's own call (pass-through, and a class the tuner found exact faster)

@@ -122,6 +122,12 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* tab
   if (cfg.rsBits == 0 && cfg.agBits == 0) return passThrough("both phases are none");
   if (f.world < 2) return passThrough("world size 1");
   if (f.sparseOrComplex) return passThrough("sparse or complex tensor");
+  if (!f.alike) {
+    return passThrough(
+        "the coalesced tensors differ in dtype, device or layout, or (reduce-scatter, all-gather) "
+        "an "
+        "input is not 1/W or W times its output");
+  }
   if (f.dtype < 0) return passThrough("dtype is not fp32, fp16 or bf16");
   if (rs) {
     if (f.opPremul && f.premulTensor) return passThrough("PREMUL_SUM with a tensor factor");

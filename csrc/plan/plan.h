@@ -111,6 +111,8 @@ struct CallFacts {
   bool opPremul = false;
   bool premulTensor = false;
   double premulFactor = 1.0;
+  // a coalesced call: its tensors share one dtype and device and can be packed into one message
+  bool alike = true;
   // where the call runs, and the group's switches that gate it
   bool disabled = false;   // QCOMM_DISABLE=1 at the group's creation: every call passes through
   bool cuda = false;       // CUDA tensors (never tuned, never shadowed)

@@ -213,21 +213,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("reset_stats", [](QncclBackend& b) { b.group().resetStats(); })
       .def(
           "plan",
-          [](const QncclBackend& b, const at::Tensor& t, c10d::ReduceOp op) {
-            return planDict(b.plan(kAllreduce, t, at::Tensor(), op));
+          [](const QncclBackend& b, const at::Tensor& t, c10d::ReduceOp op, bool alike) {
+            return planDict(b.plan(kAllreduce, t, at::Tensor(), op, alike));
           },
-          py::arg("tensor"), py::arg("op"))
+          py::arg("tensor"), py::arg("op"), py::arg("alike") = true)
       .def(
           "plan_sharded",
           [](const QncclBackend& b, int collective, const at::Tensor& message,
-             const at::Tensor& shard, c10d::ReduceOp op) {
-            const Plan p = b.plan(collective, message, shard, op);
+             const at::Tensor& shard, c10d::ReduceOp op, bool alike) {
+            const Plan p = b.plan(collective, message, shard, op, alike);
             py::dict d = planDict(p);
             d["collective"] = std::string(collectiveName(p.collective));
             d["premul_factor"] = p.premul ? py::object(py::float_(p.factor)) : py::none();
             return d;
           },
-          py::arg("collective"), py::arg("message"), py::arg("shard"), py::arg("op"));
+          py::arg("collective"), py::arg("message"), py::arg("shard"), py::arg("op"),
+          py::arg("alike") = true);
 
   // the settings (common/settings.h): every QCOMM_* variable, read by one reader
   m.def("setting_declarations", &declaredSettings, "every QCOMM_* setting, as declared");
