@@ -354,24 +354,45 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce_coalesced(
   return issue(std::move(c));
 }
 
-c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  const char* name = "reduce_scatter_tensor_coalesced";
+Call QncclBackend::shardedCoalesced(int32_t collective, const char* name,
+                                    const std::vector<at::Tensor>& outputs,
+                                    const std::vector<at::Tensor>& inputs, c10d::ReduceOp op,
+                                    std::chrono::milliseconds timeout, bool asyncOp) const {
   group_.refuseOverlap(outputs, name);
   TORCH_CHECK(!inputs.empty() && inputs.size() == outputs.size(), group_.prefix(), name,
               ": needs as many outputs as inputs, at least one (got ", outputs.size(), " and ",
               inputs.size(), ")");
-  const bool alike = alikeSharded(inputs, outputs, getSize());
-  const int64_t total = alike ? numelOf(outputs) : 0;
+  // the tensors of the message (W rows: the reduce-scatter's inputs, the all-gather's outputs)
+  // and of the shard (the reduce-scatter's outputs, the all-gather's inputs)
+  const bool rs = collective == kReduceScatter;
+  const std::vector<at::Tensor>& full = rs ? inputs : outputs;
+  const std::vector<at::Tensor>& part = rs ? outputs : inputs;
+  const bool alike = alikeSharded(full, part, getSize());
+  const int64_t total = alike ? numelOf(part) : 0;
   const bool one = inputs.size() == 1;
-  const at::Tensor message = one ? inputs[0] : at::empty({total * getSize()}, outputs[0].options());
-  const at::Tensor shard = one ? outputs[0] : at::empty({total}, outputs[0].options());
-  Call c = callOf(kReduceScatter, name, c10d::OpType::COALESCED, message, shard, opts.reduceOp,
-                  opts.timeout, opts.asyncOp);
+  const at::Tensor message = one ? full[0] : at::empty({total * getSize()}, part[0].options());
+  const at::Tensor shard = one ? part[0] : at::empty({total}, part[0].options());
+  Call c = callOf(collective, name, c10d::OpType::COALESCED, message, shard, op, timeout, asyncOp);
   c.alike = one || alike;  // one tensor: the single form's checks (factsOf)
   c.inputs = inputs;
   c.outputs = outputs;
+  if (one || !alike) return c;
+  const int world = getSize();
+  if (rs) {
+    c.pack = [full, world](Call& call) { packRows(call.message, full, world); };
+    c.unpack = [part](Call& call) { unpackRows(call.shard, part, 1); };
+  } else {
+    c.pack = [part](Call& call) { packRows(call.shard, part, 1); };
+    c.unpack = [full, world](Call& call) { unpackRows(call.message, full, world); };
+  }
+  return c;
+}
+
+c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  Call c = shardedCoalesced(kReduceScatter, "reduce_scatter_tensor_coalesced", outputs, inputs,
+                            opts.reduceOp, opts.timeout, opts.asyncOp);
   const bool lower = lowersPremul(outputs[0], opts.reduceOp, group_.config().reduceScatter);
   c.inner = [=](c10d::Backend* b) mutable {
     if (!lower) return b->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
@@ -381,40 +402,17 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter_tensor_coalesced(
     o.reduceOp = c10d::ReduceOp::SUM;
     return b->reduce_scatter_tensor_coalesced(outputs, scaled, o);
   };
-  if (!one && alike) {
-    const int world = getSize();
-    c.pack = [inputs, world](Call& call) { packRows(call.message, inputs, world); };
-    c.unpack = [outputs](Call& call) { unpackRows(call.shard, outputs, 1); };
-  }
   return issue(std::move(c));
 }
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  const char* name = "allgather_into_tensor_coalesced";
-  group_.refuseOverlap(outputs, name);
-  TORCH_CHECK(!inputs.empty() && inputs.size() == outputs.size(), group_.prefix(), name,
-              ": needs as many outputs as inputs, at least one (got ", outputs.size(), " and ",
-              inputs.size(), ")");
-  const bool alike = alikeSharded(outputs, inputs, getSize());
-  const int64_t total = alike ? numelOf(inputs) : 0;
-  const bool one = inputs.size() == 1;
-  const at::Tensor message = one ? outputs[0] : at::empty({total * getSize()}, inputs[0].options());
-  const at::Tensor shard = one ? inputs[0] : at::empty({total}, inputs[0].options());
-  Call c = callOf(kAllGather, name, c10d::OpType::COALESCED, message, shard, c10d::ReduceOp::SUM,
-                  opts.timeout, opts.asyncOp);
-  c.alike = one || alike;  // one tensor: the single form's checks (factsOf)
-  c.inputs = inputs;
-  c.outputs = outputs;
+  Call c = shardedCoalesced(kAllGather, "allgather_into_tensor_coalesced", outputs, inputs,
+                            c10d::ReduceOp::SUM, opts.timeout, opts.asyncOp);
   c.inner = [=](c10d::Backend* b) mutable {
     return b->allgather_into_tensor_coalesced(outputs, inputs, opts);
   };
-  if (!one && alike) {
-    const int world = getSize();
-    c.pack = [inputs](Call& call) { packRows(call.shard, inputs, 1); };
-    c.unpack = [outputs, world](Call& call) { unpackRows(call.message, outputs, world); };
-  }
   return issue(std::move(c));
 }
 

@@ -143,6 +143,12 @@ class QncclBackend : public c10d::Backend {
   // A Call built by an entry point: held by this backend while queued, then issued.
   c10::intrusive_ptr<c10d::Work> issue(Call call);
   // A Call's facts as an entry point gives them (what the ranks' plans are made of).
+  // The Call of a coalesced reduce-scatter or all-gather (backend.cpp says how its tensors are
+  // packed); its `inner` is the caller's to set.
+  Call shardedCoalesced(int32_t collective, const char* name,
+                        const std::vector<at::Tensor>& outputs,
+                        const std::vector<at::Tensor>& inputs, c10d::ReduceOp op,
+                        std::chrono::milliseconds timeout, bool asyncOp) const;
   Call callOf(int32_t collective, const char* name, c10d::OpType type, const at::Tensor& message,
               const at::Tensor& shard, c10d::ReduceOp op, std::chrono::milliseconds timeout,
               bool asyncOp) const;

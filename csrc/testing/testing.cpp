@@ -147,6 +147,18 @@ at::Tensor collectiveAllreduce(QncclBackend& be, at::Tensor t, bool avg, bool fo
   return t;
 }
 
+// Rank r's view of the emulated group's buffers (one per rank), as the transport sets it up.
+IpcPeers peersOf(const std::vector<uint8_t*>& buffers, int r, int64_t timeoutMs, IpcError* error) {
+  IpcPeers peers{};
+  const int world = int(buffers.size());
+  for (int q = 0; q < world; ++q) peers.buffers[q] = buffers[size_t(q)];
+  peers.world = world;
+  peers.rank = r;
+  peers.timeoutNs = timeoutMs * 1000000;
+  peers.hostError = error;
+  return peers;
+}
+
 // CPU memory that this thread allocated through c10's CPU allocator (at::empty) while
 // ipc_separate_emulate counts: a call must allocate nothing once its first exchange has begun
 // (with CUDA IPC and ranks as threads, an allocation that synchronises the device could wait for
@@ -263,12 +275,7 @@ std::vector<at::Tensor> ipcSeparateEmulate(std::vector<at::Tensor> inputs,
     for (size_t i = 0; i < ranks.size(); ++i) {
       threads.emplace_back([&, i]() {
         const int r = ranks[i];
-        IpcPeers peers{};
-        for (int q = 0; q < world; ++q) peers.buffers[q] = bufferPtrs[size_t(q)];
-        peers.world = world;
-        peers.rank = r;
-        peers.timeoutNs = timeoutMs * 1000000;
-        peers.hostError = &error;
+        IpcPeers peers = peersOf(bufferPtrs, r, timeoutMs, &error);
         if (abandons(r)) {
           // its call fails before its launches (as an allocation failing): the abort path, once
           // its peers wait for it; nothing of the call ran, so no end check either
@@ -356,12 +363,7 @@ std::vector<at::Tensor> ipcShardedEmulate(std::vector<at::Tensor> inputs,
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
       threads.emplace_back([&, r]() {
-        IpcPeers peers{};
-        for (int q = 0; q < world; ++q) peers.buffers[q] = bufferPtrs[size_t(q)];
-        peers.world = world;
-        peers.rank = r;
-        peers.timeoutNs = timeoutMs * 1000000;
-        peers.hostError = &error;
+        IpcPeers peers = peersOf(bufferPtrs, r, timeoutMs, &error);
         at::Tensor& out = outs[size_t(r)];
         try {
           HostCopies copies;
