@@ -11,6 +11,12 @@ for p in (ROOT, HERE):
 # The suite checks `auto` bit for bit as two_step: the tuner, which picks an algorithm from
 # timings, is off unless a test turns it on (tests/backend/test_tuner.py). Spawned ranks inherit it.
 os.environ.setdefault("QCOMM_TUNE", "0")
+# torch 2.11's Flight Recorder (on by default, one per process) can spin forever when several
+# Gloo groups of one process enqueue at once (pytorch/pytorch PR 179313): the in-process tests
+# run every rank's group, and its progress thread, in one process, and a clean-clone run hung in
+# tests/algo/test_wire_fixture.py on 2026-12-06 with a progress thread at 100% CPU inside
+# FlightRecorder::recordWithResetEnabled. The suite records nothing with it: off.
+os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "0")
 
 
 def _with_experiments():
