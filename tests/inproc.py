@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -46,8 +47,10 @@ class InProcGroup:
 
         self.on_all(make)
 
-    def on_all(self, fn):
-        """Runs fn(rank) on one thread per rank; re-raises the first rank's error."""
+    def on_all(self, fn, timeout=600.0):
+        """Runs fn(rank) on one thread per rank; re-raises the first rank's error. A rank still
+        running after `timeout` seconds fails the caller (a hang ends the test, bounded; its
+        thread is left, a daemon)."""
         errors = [None] * self.world
 
         def run(r):
@@ -56,11 +59,15 @@ class InProcGroup:
             except BaseException as e:  # noqa: BLE001 - re-raised below with the rank
                 errors[r] = e
 
-        threads = [threading.Thread(target=run, args=(r,)) for r in range(self.world)]
+        threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(self.world)]
         for t in threads:
             t.start()
+        deadline = time.monotonic() + timeout
         for t in threads:
-            t.join()
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+        if stuck:
+            raise TimeoutError(f"in-process rank(s) {stuck} still running after {timeout} s")
         for r, e in enumerate(errors):
             if e is not None:
                 raise RuntimeError(f"in-process rank {r}: {e}") from e

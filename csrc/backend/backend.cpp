@@ -23,11 +23,6 @@ std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& ts) {
   return out;
 }
 
-bool complexOrSparse(const at::Tensor& t) {
-  const bool complexView = t.is_view() && t._base().is_complex();
-  return t.is_sparse() || t.is_complex() || complexView || t.layout() != at::kStrided;
-}
-
 // Whether the list form's W tensors are each like `shard` (its numel, dtype and device, dense):
 // then it is planned as the packed message.
 bool likeShard(const std::vector<at::Tensor>& ts, const at::Tensor& shard) {
@@ -102,13 +97,6 @@ void unpackRows(const at::Tensor& packed, const std::vector<at::Tensor>& ts, int
 // through gives NCCL's meaning instead (each rank's input times the factor, then summed).
 bool lowersPremul(const at::Tensor& t, const c10d::ReduceOp& op, bool reduceScatter) {
   return !t.is_cuda() && op.op_ == c10d::ReduceOp::PREMUL_SUM && reduceScatter;
-}
-
-// `input` times the PREMUL_SUM factor of `op`.
-at::Tensor premultiplied(const at::Tensor& input, const c10d::ReduceOp& op) {
-  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-  TORCH_CHECK_VALUE(s != nullptr, "[qcomm] PREMUL_SUM without its factor");
-  return s->tensor_factor.defined() ? input.mul(s->tensor_factor) : input.mul(s->double_factor);
 }
 
 }  // namespace

@@ -32,13 +32,6 @@ double secondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// torch.distributed.all_reduce hands complex tensors to backends as view_as_real(t): a real view
-// whose base is complex. Those pass through too (DESIGN invariant 4).
-bool complexOrSparse(const at::Tensor& t) {
-  const bool complexView = t.is_view() && t._base().is_complex();
-  return t.is_sparse() || t.is_complex() || complexView || t.layout() != at::kStrided;
-}
-
 // The name torch's profiler and the pass-through's record give the call.
 const char* recordName(const Call& call) {
   return std::string(call.name) == "allreduce" ? "all_reduce" : call.name;
@@ -59,13 +52,6 @@ void opFacts(const Call& call, CallFacts& f) {
     f.premulTensor = s == nullptr || s->tensor_factor.defined();
     if (s != nullptr) f.premulFactor = s->double_factor;
   }
-}
-
-// `input` times the PREMUL_SUM factor of `op`.
-at::Tensor premultiplied(const at::Tensor& input, const c10d::ReduceOp& op) {
-  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-  TORCH_CHECK_VALUE(s != nullptr, "[qcomm] PREMUL_SUM without its factor");
-  return s->tensor_factor.defined() ? input.mul(s->tensor_factor) : input.mul(s->double_factor);
 }
 
 // The storage of a rotated plan's padded message (plan.numel elements of t's dtype), from the
@@ -270,6 +256,18 @@ void runQueued(Group& g, Tuner& tuner, Plan plan, Call& call, bool tableDecides)
 }
 
 }  // namespace
+
+bool complexOrSparse(const at::Tensor& t) {
+  const bool complexView = t.is_view() && t._base().is_complex();
+  return t.is_sparse() || t.is_complex() || complexView || t.layout() != at::kStrided;
+}
+
+// `input` times the PREMUL_SUM factor of `op`.
+at::Tensor premultiplied(const at::Tensor& input, const c10d::ReduceOp& op) {
+  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK_VALUE(s != nullptr, "[qcomm] PREMUL_SUM without its factor");
+  return s->tensor_factor.defined() ? input.mul(s->tensor_factor) : input.mul(s->double_factor);
+}
 
 at::Tensor& CallStage::result() { return shard.user().defined() ? shard.data() : message.data(); }
 

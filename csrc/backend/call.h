@@ -68,6 +68,13 @@ struct CallStage {
   at::Tensor& result();
 };
 
+// Whether t is sparse, complex, or (as torch.distributed.all_reduce hands complex tensors to
+// backends: view_as_real(t)) a real view of a complex base: such calls pass through (DESIGN
+// invariant 4).
+bool complexOrSparse(const at::Tensor& t);
+// `input` times the PREMUL_SUM factor of `op` (NCCL's meaning, where Gloo refuses PREMUL_SUM).
+at::Tensor premultiplied(const at::Tensor& input, const c10d::ReduceOp& op);
+
 // The facts of a call (the backend's plan diagnostics make them the same way).
 CallFacts factsOf(const Group& g, const Call& call);
 
