@@ -325,8 +325,10 @@ def stats(group=None) -> dict:
     "<dtype> <size class>", the shadowed calls, the mean and largest relative L2 error of their
     quantized results against the exact allreduce, the largest absolute error of an element, and
     the seconds the exact runs and comparisons took. by_collective: the same counters per
-    collective ("all_reduce", "reduce_scatter", "all_gather"; the allreduce's entry has no
-    passthrough_calls), each with its compression."""
+    collective ("all_reduce", "reduce_scatter", "all_gather"), each with its compression: every
+    call of each form (single, coalesced, list; torch's functional collectives included),
+    quantized or passed through (the top-level passthrough_calls also counts every other
+    operation: broadcast, barrier, all_to_all, ...)."""
     s = dict(backend_of(group).stats())
     s["compression"] = s["input_bytes"] / s["wire_bytes"] if s["wire_bytes"] else None
     for e in s["by_collective"].values():

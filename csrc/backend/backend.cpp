@@ -93,6 +93,54 @@ void unpackRows(const at::Tensor& packed, const std::vector<at::Tensor>& ts, int
   }
 }
 
+// The list forms (reduce_scatter, allgather): `parts` (one tensor per input, the shards) and
+// `lists` (for each, W tensors: one per rank). The message has W rows; row r holds, side by
+// side, tensor r of every list. ok: each list has W tensors like its part, all of one dtype and
+// device (alike), so that the call is one packed message of `total` elements a row.
+struct ListLayout {
+  bool ok = false;
+  bool alike = true;
+  int64_t total = 0;
+  int world = 0;
+};
+
+ListLayout listLayout(const std::vector<at::Tensor>& parts,
+                      const std::vector<std::vector<at::Tensor>>& lists, int world) {
+  ListLayout l;
+  l.world = world;
+  l.alike = alikeAll(parts);
+  l.ok = l.alike && parts.size() == lists.size();
+  for (size_t i = 0; l.ok && i < parts.size(); ++i) {
+    l.ok = int(lists[i].size()) == world && likeShard(lists[i], parts[i]);
+    l.total += parts[i].numel();
+  }
+  return l;
+}
+
+void packLists(at::Tensor& message, const std::vector<std::vector<at::Tensor>>& lists,
+               const ListLayout& l) {
+  for (int r = 0; r < l.world; ++r) {
+    int64_t off = int64_t(r) * l.total;
+    for (const std::vector<at::Tensor>& list : lists) {
+      const int64_t n = list[r].numel();
+      message.narrow(0, off, n).copy_(list[r].reshape({-1}));
+      off += n;
+    }
+  }
+}
+
+void unpackLists(const at::Tensor& message, const std::vector<std::vector<at::Tensor>>& lists,
+                 const ListLayout& l) {
+  for (int r = 0; r < l.world; ++r) {
+    int64_t off = int64_t(r) * l.total;
+    for (const std::vector<at::Tensor>& list : lists) {
+      at::Tensor o = list[r];
+      o.copy_(message.narrow(0, off, o.numel()).view(o.sizes()));
+      off += o.numel();
+    }
+  }
+}
+
 // Gloo refuses PREMUL_SUM: a reduce-scatter that a group quantizing reduce-scatters passes
 // through gives NCCL's meaning instead (each rank's input times the factor, then summed).
 bool lowersPremul(const at::Tensor& t, const c10d::ReduceOp& op, bool reduceScatter) {
@@ -202,7 +250,8 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce(std::vector<at::Tensor>& 
                                                        const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(!tensors.empty(), group_.prefix(), "allreduce: no tensors given");
   auto inner = [=](c10d::Backend* b) mutable { return b->allreduce(tensors, opts); };
-  if (tensors.size() != 1) {
+  if (tensors.size() != 1) {  // Gloo's sum over every tensor of every rank: not ours to pack
+    group_.stats.byCollective[kAllreduce].passthroughCalls++;
     return group_.forward(group_.pickAll(tensors, "allreduce"), "all_reduce",
                           c10d::OpType::ALLREDUCE, tensors, inner);
   }
@@ -241,23 +290,20 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::reduce_scatter(
     const c10d::ReduceScatterOptions& opts) {
   group_.refuseOverlap(inputs, "reduce_scatter");
   TORCH_CHECK(!outputs.empty(), group_.prefix(), "reduce_scatter: no tensors given");
-  const at::Tensor& shard = outputs[0];
-  // one output, W inputs like it: planned as the packed message, packed only if quantized
-  const bool ok = outputs.size() == 1 && inputs.size() == 1 && int(inputs[0].size()) == getSize() &&
-                  likeShard(inputs[0], shard);
-  const at::Tensor message = at::empty({ok ? shard.numel() * getSize() : 0}, shard.options());
+  const ListLayout l = listLayout(outputs, inputs, getSize());
+  const bool one = outputs.size() == 1;
+  // one output: the caller's tensor is the shard; several: a packed shard, unpacked after
+  const at::Tensor shard = one ? outputs[0] : at::empty({l.total}, outputs[0].options());
+  const at::Tensor message = at::empty({l.ok ? l.total * getSize() : 0}, shard.options());
   Call c = callOf(kReduceScatter, "reduce_scatter", c10d::OpType::REDUCE_SCATTER, message, shard,
                   opts.reduceOp, opts.timeout, opts.asyncOp);
-  c.shapeOk = ok;
+  c.shapeOk = l.ok;
+  c.alike = l.alike;
   c.inputs = flat(inputs);
   c.outputs = outputs;
-  if (ok) {
-    c.pack = [inputs](Call& call) {
-      for (size_t j = 0; j < inputs[0].size(); ++j) {
-        call.message.narrow(0, int64_t(j) * call.shard.numel(), call.shard.numel())
-            .copy_(inputs[0][j].reshape({-1}));
-      }
-    };
+  if (l.ok) {
+    c.pack = [inputs, l](Call& call) { packLists(call.message, inputs, l); };
+    if (!one) c.unpack = [outputs](Call& call) { unpackRows(call.shard, outputs, 1); };
   }
   const bool lower = lowersPremul(shard, opts.reduceOp, group_.config().reduceScatter);
   c.inner = [=](c10d::Backend* b) mutable {
@@ -288,23 +334,20 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::allgather(
     const c10d::AllgatherOptions& opts) {
   group_.refuseOverlap(outputs, "allgather");
   TORCH_CHECK(!inputs.empty(), group_.prefix(), "allgather: no tensors given");
-  const at::Tensor& shard = inputs[0];
-  const bool ok = inputs.size() == 1 && outputs.size() == 1 &&
-                  int(outputs[0].size()) == getSize() && likeShard(outputs[0], shard);
-  const at::Tensor message = at::empty({ok ? shard.numel() * getSize() : 0}, shard.options());
+  const ListLayout l = listLayout(inputs, outputs, getSize());
+  const bool one = inputs.size() == 1;
+  // one input: the caller's tensor is the shard; several: a packed shard
+  const at::Tensor shard = one ? inputs[0] : at::empty({l.total}, inputs[0].options());
+  const at::Tensor message = at::empty({l.ok ? l.total * getSize() : 0}, shard.options());
   Call c = callOf(kAllGather, "all_gather", c10d::OpType::ALLGATHER, message, shard,
                   c10d::ReduceOp::SUM, opts.timeout, opts.asyncOp);
-  c.shapeOk = ok;
+  c.shapeOk = l.ok;
+  c.alike = l.alike;
   c.inputs = inputs;
   c.outputs = flat(outputs);
-  if (ok) {
-    c.unpack = [outputs](Call& call) {
-      for (size_t j = 0; j < outputs[0].size(); ++j) {
-        at::Tensor o = outputs[0][j];
-        o.copy_(call.message.narrow(0, int64_t(j) * call.shard.numel(), call.shard.numel())
-                    .view(o.sizes()));
-      }
-    };
+  if (l.ok) {
+    if (!one) c.pack = [inputs](Call& call) { packRows(call.shard, inputs, 1); };
+    c.unpack = [outputs, l](Call& call) { unpackLists(call.message, outputs, l); };
   }
   c.inner = [=](c10d::Backend* b) mutable { return b->allgather(outputs, inputs, opts); };
   return issue(std::move(c));
@@ -416,6 +459,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::broadcast(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> QncclBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts) {
+  group_.stats.byCollective[kAllreduce].passthroughCalls++;
   return group_.passThrough(
       "allreduce_sparse", c10d::OpType::_ALLREDUCE_SPARSE, tensors, {}, tensors,
       [=](c10d::Backend* b) mutable { return b->allreduce_sparse(tensors, opts); });
@@ -430,6 +474,7 @@ c10::intrusive_ptr<c10d::Work> QncclBackend::reduce(std::vector<at::Tensor>& ten
 c10::intrusive_ptr<c10d::Work> QncclBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  group_.stats.byCollective[kAllGather].passthroughCalls++;
   return group_.passThrough("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED, inputs,
                             flat(outputs), flat(outputs), [=](c10d::Backend* b) mutable {
                               return b->allgather_coalesced(outputs, inputs, opts);

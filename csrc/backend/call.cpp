@@ -124,8 +124,8 @@ void logCall(Group& g, const Plan& plan, const Call& call) {
 
 // A call that passes through: counted, checked, forwarded to the inner backend.
 c10::intrusive_ptr<c10d::Work> passThrough(Group& g, Call& call) {
+  g.stats.byCollective[call.collective].passthroughCalls++;
   if (call.collective != kAllreduce) {
-    g.stats.sharded[call.collective].passthroughCalls++;
     std::vector<at::Tensor> written = call.outputs;
     written.push_back(call.message);
     return g.passThrough(call.name, call.type, {call.shard}, written, call.outputs, call.inner);
@@ -246,7 +246,7 @@ void runQueued(Group& g, Tuner& tuner, Plan plan, Call& call, bool tableDecides)
     // tuned: the exact call measured faster. Gloo's refusal of it (an argument error) is the
     // call's error alone: nothing of ours was on the wire, and the group stays usable
     g.stats.passthroughCalls++;
-    if (call.collective != kAllreduce) g.stats.sharded[call.collective].passthroughCalls++;
+    g.stats.byCollective[call.collective].passthroughCalls++;
     c10::intrusive_ptr<c10d::Work> w = call.inner(g.gloo.get());
     if (w) w->wait();
   }
@@ -443,8 +443,7 @@ void countCall(Group& g, const Plan& plan, const Call& call, int64_t wireBytes) 
   g.stats.quantizedCalls++;
   g.stats.inputBytes += inBytes;
   g.stats.wireBytes += wireBytes;
-  if (plan.collective == kAllreduce) return;
-  CollectiveStats& s = g.stats.sharded[plan.collective];
+  CollectiveStats& s = g.stats.byCollective[plan.collective];
   s.quantizedCalls++;
   s.inputBytes += inBytes;
   s.wireBytes += wireBytes;

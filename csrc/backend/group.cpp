@@ -240,7 +240,7 @@ void Group::resetStats() {
         &stats.retunedClasses}) {
     *c = 0;
   }
-  for (CollectiveStats& c : stats.sharded) {
+  for (CollectiveStats& c : stats.byCollective) {
     c.quantizedCalls = 0;
     c.passthroughCalls = 0;
     c.inputBytes = 0;

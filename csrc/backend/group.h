@@ -44,9 +44,10 @@ struct Stats {
   std::atomic<int64_t> checkedClasses{0};  // cached entries confirmed by the check at first use
   std::atomic<int64_t> checkNanos{0};      // time those checks took (re-tunes not included)
   std::atomic<int64_t> retunedClasses{0};  // classes measured again: check or drift disagreed
-  // reduce-scatters and all-gathers (also counted in the totals above), indexed by Collective:
-  // the allreduce's entry is the totals less these
-  CollectiveStats sharded[3];
+  // per collective (stats()["by_collective"]), indexed by Collective: every call of each form
+  // (single, coalesced, list), quantized or passed through; also counted in the totals above,
+  // which count every other operation (broadcast, barrier, ...) too
+  CollectiveStats byCollective[3];
 };
 
 // Shadow mode (QuantConfig.shadow): the error of the shadowed calls of one collective, dtype and

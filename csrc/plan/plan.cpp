@@ -125,8 +125,7 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* tab
   if (!f.alike) {
     return passThrough(
         "the coalesced tensors differ in dtype, device or layout, or (reduce-scatter, all-gather) "
-        "an "
-        "input is not 1/W or W times its output");
+        "an input is not 1/W or W times its output");
   }
   if (f.dtype < 0) return passThrough("dtype is not fp32, fp16 or bf16");
   if (rs) {
@@ -138,8 +137,13 @@ Plan makePlan(const CallFacts& f, const QuantConfig& cfg, const TuningTable* tab
     return passThrough("op is not SUM or AVG");
   }
   if (f.numel == 0) return passThrough("empty tensor");
-  if (rs && !f.shapeOk) return passThrough("output is not 1/W of the input");
-  if (ag && !f.shapeOk) return passThrough("output is not W times the input");
+  if (rs && !f.shapeOk) {
+    return passThrough("output is not 1/W of the input (the list form: W inputs like each output)");
+  }
+  if (ag && !f.shapeOk) {
+    return passThrough(
+        "output is not W times the input (the list form: W outputs like each input)");
+  }
   const int64_t bytes = f.numel * dtypeBytes(f.dtype);
   if (bytes < cfg.minBytes) return passThrough("message below min_bytes");
   if (f.cuda) return cudaPlan(f, cfg, p);

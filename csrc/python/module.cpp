@@ -162,25 +162,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                shadow[py::str(kv.first)] = e;
              }
              d["shadow"] = shadow;
-             // per collective: the sharded path counts its own; the allreduce's is the rest
              py::dict by;
-             int64_t q = st.quantizedCalls, in = st.inputBytes, w = st.wireBytes;
-             for (int c : {int(kReduceScatter), int(kAllGather)}) {
+             for (int c : {int(kAllreduce), int(kReduceScatter), int(kAllGather)}) {
+               const CollectiveStats& cs = st.byCollective[c];
                py::dict e;
-               e["quantized_calls"] = st.sharded[c].quantizedCalls.load();
-               e["passthrough_calls"] = st.sharded[c].passthroughCalls.load();
-               e["input_bytes"] = st.sharded[c].inputBytes.load();
-               e["wire_bytes"] = st.sharded[c].wireBytes.load();
-               q -= st.sharded[c].quantizedCalls;
-               in -= st.sharded[c].inputBytes;
-               w -= st.sharded[c].wireBytes;
+               e["quantized_calls"] = cs.quantizedCalls.load();
+               e["passthrough_calls"] = cs.passthroughCalls.load();
+               e["input_bytes"] = cs.inputBytes.load();
+               e["wire_bytes"] = cs.wireBytes.load();
                by[collectiveName(c)] = e;
              }
-             py::dict ar;
-             ar["quantized_calls"] = q;
-             ar["input_bytes"] = in;
-             ar["wire_bytes"] = w;
-             by[collectiveName(kAllreduce)] = ar;
              d["by_collective"] = by;
              return d;
            })

@@ -209,7 +209,7 @@ def test_plan_gates_and_geometry():
         assert not p["quantize"] and reason in p["reason"], (reason, p["reason"])
     b.set_config(_cfg().encoded())
     p = b.plan_sharded(1, big, big[:999], R.SUM)
-    assert not p["quantize"] and p["reason"] == "output is not 1/W of the input"
+    assert not p["quantize"] and p["reason"].startswith("output is not 1/W of the input")
     p = b.plan_sharded(1, big, big[:1000], dist._make_nccl_premul_sum(torch.tensor(0.5)))
     assert not p["quantize"] and p["reason"] == "PREMUL_SUM with a tensor factor"
     p = b.plan_sharded(2, big, big[:1000], R.SUM)

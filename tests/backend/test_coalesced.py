@@ -140,11 +140,69 @@ def _dtensor_worker(rank, world):
     )
     p = DTensor.from_local(locals_[rank], mesh, [Partial()])
     problems.append(_error(p.redistribute(mesh, [Replicate()]).to_local(), exact, world))
+    # uneven shards (DTensor pads the last shard to the others' length, then unpads)
+    odd = _x(0, world * N + 3, 9).view(-1, 1)
+    d = distribute_tensor(odd, mesh, [Shard(0)])
+    problems.append(_error(d.redistribute(mesh, [Replicate()]).to_local(), odd, world))
+    locals_ = [_x(r, world * N + 3, 10).view(-1, 1) for r in range(world)]
+    exact = torch.stack([t.double() for t in locals_]).sum(0)
+    p = DTensor.from_local(locals_[rank], mesh, [Partial()])
+    mine = torch.chunk(exact, world)[rank]  # DTensor's Shard(0): torch.chunk's pieces
+    problems.append(_error(p.redistribute(mesh, [Shard(0)]).to_local(), mine, world))
     return [x for x in problems if x], _delta(before)
 
 
 def test_dtensor_redistribute_quantizes():
     for rank, (problems, delta) in enumerate(run_ranks(_dtensor_worker, 2, pg_options=CFG)):
         assert problems == [], (rank, problems)
-        assert delta["all_gather"] >= 1 and delta["reduce_scatter"] >= 1, (rank, delta)
+        assert delta["all_gather"] >= 2 and delta["reduce_scatter"] >= 2, (rank, delta)
         assert delta["all_reduce"] >= 1, (rank, delta)
+
+
+def _list_worker(rank, world):
+    """The list forms with several tensors per rank, through the ProcessGroup (torch's Python
+    collectives take one): allgather(outputs[k][W], inputs[k]) and reduce_scatter(outputs[k],
+    inputs[k][W]), two tensors of different sizes, each one packed quantized call; then
+    allreduce's pass-throughs (a MAX, and Gloo's form of several tensors) counted under
+    all_reduce."""
+    pg = dist.group.WORLD
+    problems = []
+    sizes = (N, 3 * N)
+    before = qcomm.stats()["by_collective"]
+    ins = [_x(rank, n, 20 + k) for k, n in enumerate(sizes)]
+    outs = [[torch.empty(n) for _ in range(world)] for n in sizes]
+    pg.allgather(outs, ins).wait()
+    for k, n in enumerate(sizes):
+        for r in range(world):
+            problems.append(_error(outs[k][r], _x(r, n, 20 + k), world))
+    lists = [[_x(rank, n, 30 + 3 * k + r) for r in range(world)] for k, n in enumerate(sizes)]
+    outs = [torch.empty(n) for n in sizes]
+    pg.reduce_scatter(outs, lists).wait()
+    for k, n in enumerate(sizes):
+        exact = torch.stack([_x(r, n, 30 + 3 * k + rank).double() for r in range(world)]).sum(0)
+        problems.append(_error(outs[k], exact, world))
+    mid = qcomm.stats()["by_collective"]
+    t = _x(rank, N, 40)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    pair = [_x(rank, N, 41), _x(rank, N, 42)]
+    pg.allreduce(pair).wait()
+    after = qcomm.stats()["by_collective"]
+
+    def d(a, b, c, k):
+        return b[c][k] - a[c][k]
+
+    counts = {
+        "ag_q": d(before, mid, "all_gather", "quantized_calls"),
+        "rs_q": d(before, mid, "reduce_scatter", "quantized_calls"),
+        "ar_pass": d(mid, after, "all_reduce", "passthrough_calls"),
+        "ar_q": d(mid, after, "all_reduce", "quantized_calls"),
+    }
+    exact_max = torch.stack([_x(r, N, 40) for r in range(world)]).max(0).values
+    problems.append("" if torch.equal(t, exact_max) else "MAX allreduce not exact")
+    return [p for p in problems if p], counts
+
+
+def test_list_forms_with_several_tensors_quantize_and_every_call_is_counted():
+    for rank, (problems, counts) in enumerate(run_ranks(_list_worker, 2, pg_options=CFG)):
+        assert problems == [], (rank, problems)
+        assert counts == {"ag_q": 1, "rs_q": 1, "ar_pass": 2, "ar_q": 0}, (rank, counts)
