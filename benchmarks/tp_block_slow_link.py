@@ -61,7 +61,9 @@ def worker(args) -> int:
     x = torch.randn(args.batch, args.seq, args.dim, generator=gen)
     for v in variants:
         dtype = torch.bfloat16 if v.endswith("bf16") else torch.float32
-        mesh = DeviceMesh.from_group(groups[v], "cpu")
+        # a mesh name of its own: DTensor treats meshes of the same ranks and names as one (its
+        # caches would hand one variant's mesh, and group, to another)
+        mesh = DeviceMesh.from_group(groups[v], "cpu", mesh_dim_names=(v,))
         models[v] = native_tp.parallel_block(copy.deepcopy(base).to(dtype), mesh)
         inputs[v] = native_tp.local_input(x, args.rank, args.world).to(dtype)
     outs, calls = {}, {}
