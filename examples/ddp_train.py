@@ -63,10 +63,12 @@ def make_model():
     )
 
 
-def train(rank, world, steps=300, batch=256, lr=3e-3, eval_every=10, seed=0):
+def train(rank, world, steps=300, batch=256, lr=3e-3, eval_every=10, seed=0, feedback_bits=None):
     """Train on the initialized default process group (gloo or qnccl). Returns the held-out loss
     curve [(step, loss)], the final held-out loss, a digest of the final parameters and the
-    default group's qcomm stats (None on gloo)."""
+    default group's qcomm stats (None on gloo). feedback_bits: average the gradients with
+    qcomm.feedback's DDP hook instead (its own qnccl group, reduce and gather phases at that many
+    bits, their errors fed back); "feedback" in the result then holds that group's stats."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -74,6 +76,12 @@ def train(rank, world, steps=300, batch=256, lr=3e-3, eval_every=10, seed=0):
 
     x, y, xe, ye = make_data()
     model = DDP(make_model())
+    state = None
+    if feedback_bits is not None:
+        import qcomm.feedback
+
+        state = qcomm.feedback.DDPErrorFeedback(bits=feedback_bits)
+        model.register_comm_hook(state, qcomm.feedback.ddp_hook)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     order = torch.Generator().manual_seed(seed)
@@ -102,7 +110,8 @@ def train(rank, world, steps=300, batch=256, lr=3e-3, eval_every=10, seed=0):
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
     stats = qcomm.stats() if is_qnccl else None
-    return {"curve": curve, "final": final, "digest": digest, "stats": stats}
+    fed = None if state is None else dict(qcomm.stats(state.group), error_bytes=state.nbytes())
+    return {"curve": curve, "final": final, "digest": digest, "stats": stats, "feedback": fed}
 
 
 def _train_entry(rank, world, kwargs):

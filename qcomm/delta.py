@@ -1,0 +1,92 @@
+"""Weight-difference all-gathers (issue 49, its second part): ZeRO-1/2 style training, where every
+rank keeps the full weights and gathers the updated shards into them each step, sends each
+shard's difference from the value every rank already holds, quantized, and every rank adds the
+decoded differences to its buffer.
+
+The value every rank holds of a shard is the decoded one, the owner's own slot too, so the next
+difference (the owner's new weights less its slot) carries this step's quantization error along:
+the error of one step is sent with the next and never accumulates. Every rank adds the same
+decoded bytes to the same bits, so every rank holds the same bits after every call.
+
+Before trusting the buffer the ranks check it: each rank keeps a checksum of the buffer as its
+last call left it, and every call first gathers every rank's "unchanged since my last call"
+and checksum (16 bytes a rank, exact). If any rank's buffer changed (an optimizer wrote to it, a
+checkpoint was loaded), a rank has no state (it restarted), or the checksums differ, every rank
+gathers the full shards instead (the group's all-gather: quantized at ``ag_bits`` where the group
+opts in), never a wrong sum; ``fallbacks`` counts those calls.
+
+Memory: nothing beyond the caller's buffer (the owner's decoded slot is in it) and one
+difference message (the buffer's size) while a call runs. Time: a CRC-32 of the buffer each call.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.distributed as dist
+
+
+def _crc(t: torch.Tensor) -> int:
+    return zlib.crc32(t.detach().contiguous().view(torch.uint8).cpu().numpy())
+
+
+class DeltaAllGather:
+    """All-gathers shards into `full` (a contiguous 1-D buffer of W shards, this rank's at slot
+    `rank`; every rank passes its own buffer of the same size) by their differences from what the
+    buffer holds. Call it with this rank's new shard on every rank of `group`, as an all-gather."""
+
+    def __init__(self, full: torch.Tensor, group=None):
+        if full.dim() != 1 or not full.is_contiguous():
+            raise ValueError("qcomm.delta: the buffer must be a contiguous 1-D tensor")
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if full.numel() % self.world:
+            raise ValueError(
+                f"qcomm.delta: the buffer's {full.numel()} elements are not W={self.world} shards"
+            )
+        self.full = full
+        self.crc = None  # the buffer's checksum as this rank's last call left it
+        self.calls = 0
+        self.fallbacks = 0
+        self.sent_bytes = 0  # the caller's bytes given to difference calls (input, not wire)
+
+    def slot(self, rank: int) -> torch.Tensor:
+        """The buffer's slot of `rank`'s shard (a view)."""
+        n = self.full.numel() // self.world
+        return self.full[rank * n : (rank + 1) * n]
+
+    def _trusted(self) -> bool:
+        """Whether every rank's buffer is as its last call left it, and all alike."""
+        mine = _crc(self.full)
+        ok = self.crc is not None and mine == self.crc
+        votes = torch.tensor([int(ok), mine], dtype=torch.int64)
+        every = torch.empty(2 * self.world, dtype=torch.int64)
+        dist.all_gather_into_tensor(every, votes, group=self.group)
+        every = every.view(self.world, 2)
+        return bool(every[:, 0].all()) and bool((every[:, 1] == every[0, 1]).all())
+
+    def __call__(self, shard: torch.Tensor) -> bool:
+        """Gathers every rank's `shard` into the buffer; returns whether it sent differences
+        (False: the full shards, a fallback)."""
+        own = self.slot(self.rank)
+        if shard.numel() != own.numel() or shard.dtype != self.full.dtype:
+            raise ValueError(
+                f"qcomm.delta: a shard of {shard.numel()} {shard.dtype} elements, the buffer's "
+                f"slots hold {own.numel()} {self.full.dtype}"
+            )
+        self.calls += 1
+        if self._trusted():
+            diff = shard.reshape(-1) - own
+            gathered = torch.empty_like(self.full)
+            dist.all_gather_into_tensor(gathered, diff, group=self.group)
+            self.full.add_(gathered)
+            self.sent_bytes += diff.numel() * diff.element_size()
+            delta = True
+        else:
+            dist.all_gather_into_tensor(self.full, shard.reshape(-1).contiguous(), group=self.group)
+            self.fallbacks += 1
+            delta = False
+        self.crc = _crc(self.full)
+        return delta

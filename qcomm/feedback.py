@@ -1,0 +1,242 @@
+"""Error feedback for quantized gradients (issue 49, its first part): what a rank's encoding of
+its gradients lost in one call is kept and added to what it sends the next time for the same
+tensor, so that the error of a step is paid back in the next one instead of being lost (1-bit
+Adam, EF21, DoubleSqueeze; PowerSGD's DDP hook keeps its error per bucket the same way).
+
+State belongs to a tensor's role, held by the object that knows the role:
+
+* :class:`DDPErrorFeedback`, the state of a DDP comm hook (:func:`ddp_hook`): the error per
+  bucket index, of both phases of the allreduce it runs as a quantized reduce-scatter and a
+  quantized all-gather: each rank's contribution (reduce phase) and the owner's sum (gather
+  phase).
+* :class:`FSDPErrorFeedback`, an FSDP2 custom reduce-scatter (one per module:
+  ``module.set_custom_reduce_scatter(FSDPErrorFeedback())``): the error of the module's gradient
+  reduce-scatter (its reduce phase; the output stays sharded).
+
+The error of the reduce phase is computed as the codec computes it: the message this rank sends
+is ``x + e``, and two_step's reduce phase delivers, of this rank's contribution to chunk c, its
+exact values where c is this rank's own chunk and the decoded bytes of its encoding elsewhere
+(``qcomm.reference.reduce_scatter``), so the new ``e`` is ``x + e`` less that. The gather phase's
+error is the owner's sum less its own slot of the all-gather's result (every rank's copy of it).
+Both need the plan to be known when the call is issued: the group runs ``algorithm="two_step"``
+(never ``auto``, whose tuner may choose another schedule), with stochastic rounding off. A call
+the plan passes through exactly (below ``min_bytes``) has no error, and keeps none.
+
+Memory: one fp32 copy of each tensor's gradients per rank for the reduce phase (4 bytes per
+parameter), plus the owner's shard for the gather phase (4 / W bytes per parameter).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import codec
+from .config import QuantConfig
+
+
+def _rows(message: torch.Tensor, world: int) -> list:
+    """The W shards of a sharded message (torch's: equal, contiguous)."""
+    return list(message.view(world, -1))
+
+
+def reduce_error(sent: torch.Tensor, world: int, rank: int, plan: dict, cfg: QuantConfig):
+    """What two_step's reduce phase loses of this rank's `sent` (a message of W shards, this
+    rank's contribution), in fp32: zero in this rank's own shard (the owner adds its own values
+    exactly), elsewhere each shard less the decoded bytes of its encoding at plan["rs_bits"]
+    (groups counted from the shard's start; rotated when the plan rotates)."""
+    if not plan["quantize"]:
+        return torch.zeros(sent.numel(), dtype=torch.float32, device=sent.device)
+    g, sym = cfg.group_size, cfg.symmetric
+    bits = plan["rs_bits"] or 0
+    err = []
+    for c, shard in enumerate(_rows(sent, world)):
+        if c == rank or bits == 0:
+            err.append(torch.zeros(shard.numel(), dtype=torch.float32, device=shard.device))
+            continue
+        x = shard
+        if plan["rotate"]:  # whole groups, padded with zeros as the rotated plan pads its rows
+            x = torch.zeros(-(-shard.numel() // g) * g, dtype=shard.dtype, device=shard.device)
+            x[: shard.numel()] = shard
+        got = codec.decode(
+            codec.encode(x, bits, g, sym, rotate=plan["rotate"]),
+            x.numel(),
+            bits,
+            g,
+            sym,
+            dtype=shard.dtype,
+            rotate=plan["rotate"],
+        )
+        err.append(shard.float() - got[: shard.numel()])
+    return torch.cat(err)
+
+
+def _check(group, cfg: QuantConfig, what: str) -> None:
+    if cfg.algorithm != "two_step" or cfg.stochastic_rounding:
+        raise ValueError(
+            f"qcomm.feedback: {what} needs its group to run algorithm='two_step' with "
+            f"stochastic_rounding off (the error it keeps is two_step's, known when the call is "
+            f"issued); the group has algorithm={cfg.algorithm!r}, "
+            f"stochastic_rounding={cfg.stochastic_rounding}"
+        )
+
+
+class ReduceFeedback:
+    """The error of one tensor's reduce phase, kept between calls: :meth:`compensate` returns the
+    message to send (the tensor plus the error kept) and keeps the new error. The message's
+    numel must stay the same from call to call (a different one starts again from zero)."""
+
+    def __init__(self):
+        self.error: Optional[torch.Tensor] = None
+
+    def compensate(self, x: torch.Tensor, group, plan: dict, cfg: QuantConfig) -> torch.Tensor:
+        """The message to send for `x` (its dtype, flat): x plus the error kept; keeps the error
+        of sending it under `plan` (qcomm.plan's reduce-scatter plan of the message)."""
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        if self.error is None or self.error.numel() != x.numel():
+            self.error = torch.zeros(x.numel(), dtype=torch.float32, device=x.device)
+        want = x.reshape(-1).float() + self.error
+        sent = want.to(x.dtype)
+        # the new error: what was wanted less what the reduce phase will deliver of `sent`
+        self.error = want - sent.float() + reduce_error(sent, world, rank, plan, cfg)
+        return sent
+
+    def nbytes(self) -> int:
+        """The bytes of the error kept (fp32)."""
+        return 0 if self.error is None else self.error.numel() * 4
+
+
+def _padded(x: torch.Tensor, world: int) -> torch.Tensor:
+    n = -(-x.numel() // world) * world
+    if n == x.numel():
+        return x.reshape(-1)
+    out = torch.zeros(n, dtype=x.dtype, device=x.device)
+    out[: x.numel()] = x.reshape(-1)
+    return out
+
+
+class _Bucket:
+    def __init__(self):
+        self.reduce = ReduceFeedback()
+        self.gather: Optional[torch.Tensor] = None  # the owner's sum's error, its shard
+
+
+class DDPErrorFeedback:
+    """The state of :func:`ddp_hook`: the error of every bucket (by its index), and the qnccl
+    group its calls run on. ``group=None`` makes one over the default group's ranks with
+    ``algorithm="two_step"``, reduce-scatters and all-gathers at `bits` and ``min_bytes=0``
+    (construct it on every rank, as a process group is made); a given group must be qnccl with
+    two_step, both options on and stochastic rounding off."""
+
+    def __init__(self, group=None, bits: int = 4, group_size: int = 128):
+        if group is None:
+            cfg = QuantConfig(
+                algorithm="two_step",
+                rs_bits=bits,
+                ag_bits=bits,
+                group_size=group_size,
+                reduce_scatter=True,
+                all_gather=True,
+                tune=False,
+                min_bytes=0,
+            )
+            group = dist.new_group(backend="qnccl", pg_options=cfg)
+        from . import get_config
+
+        self.group = group
+        self.config = get_config(group)
+        _check(group, self.config, "DDPErrorFeedback")
+        if not (self.config.reduce_scatter and self.config.all_gather):
+            raise ValueError(
+                "qcomm.feedback: DDPErrorFeedback's group must quantize reduce-scatters and "
+                "all-gathers (QuantConfig(reduce_scatter=True, all_gather=True))"
+            )
+        self.buckets: dict = {}
+        self.calls = 0
+
+    def nbytes(self) -> int:
+        """The bytes of error this rank keeps (fp32)."""
+        n = 0
+        for b in self.buckets.values():
+            n += b.reduce.nbytes() + (0 if b.gather is None else b.gather.numel() * 4)
+        return n
+
+    def residual_norms(self) -> dict:
+        """{bucket index: (reduce error's L2 norm, gather error's L2 norm)} on this rank."""
+        out = {}
+        for i, b in self.buckets.items():
+            r = 0.0 if b.reduce.error is None else float(b.reduce.error.norm())
+            g = 0.0 if b.gather is None else float(b.gather.norm())
+            out[i] = (r, g)
+        return out
+
+    def allreduce(self, x: torch.Tensor, key) -> torch.Tensor:
+        """The average of `x` over the group's ranks, its two phases quantized with their errors
+        fed back (the state of `key`); x is not written."""
+        from . import plan as plan_of
+
+        group, cfg = self.group, self.config
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        b = self.buckets.setdefault(key, _Bucket())
+        message = _padded(x, world)
+        rs_plan = plan_of(message, group=group, collective="reduce_scatter")
+        sent = b.reduce.compensate(message, group, rs_plan, cfg)
+        shard = torch.empty(message.numel() // world, dtype=x.dtype, device=x.device)
+        dist.reduce_scatter_tensor(shard, sent, group=group)
+        if b.gather is None or b.gather.numel() != shard.numel():
+            b.gather = torch.zeros(shard.numel(), dtype=torch.float32, device=x.device)
+        want = shard.float() + b.gather
+        mine = want.to(x.dtype)
+        full = torch.empty(message.numel(), dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(full, mine, group=group)
+        # every rank's copy of this rank's slot is what the gather delivered of `mine`
+        b.gather = want - full.view(world, -1)[rank].float()
+        self.calls += 1
+        return full[: x.numel()].view_as(x).div_(world)
+
+
+def ddp_hook(state: DDPErrorFeedback, bucket):  # no annotations: DDP checks them as objects
+    """A DDP comm hook (``ddp.register_comm_hook(DDPErrorFeedback(), ddp_hook)``): each bucket's
+    gradients averaged with 4-bit (the state's bits) reduce and gather phases and their errors
+    fed back per bucket index. Runs when DDP hands it the bucket and returns a completed future
+    (the calls are qnccl's, on its progress thread; the hook waits for them)."""
+    grads = bucket.buffer()
+    out = state.allreduce(grads, bucket.index())
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(out)
+    return fut
+
+
+class FSDPErrorFeedback:
+    """An FSDP2 custom reduce-scatter with error feedback, one per module:
+    ``module.set_custom_reduce_scatter(FSDPErrorFeedback())``. The module's reduce-scatter group
+    (FSDP2's, from the mesh) must be qnccl with ``algorithm="two_step"``, ``reduce_scatter=True``
+    and stochastic rounding off. It keeps the error of the module's reduce phase (4 bytes per
+    unsharded parameter on every rank) and sends it with the module's next gradients."""
+
+    def __init__(self):
+        self.reduce = ReduceFeedback()
+        self.calls = 0
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """FSDP2's buffer for the reduce-scatter's input (a plain tensor)."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def nbytes(self) -> int:
+        """The bytes of error this module keeps on this rank (fp32)."""
+        return self.reduce.nbytes()
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        from . import get_config
+        from . import plan as plan_of
+
+        cfg = get_config(group)
+        _check(group, cfg, "FSDPErrorFeedback")
+        plan = plan_of(input_tensor, op=op, group=group, collective="reduce_scatter")
+        sent = self.reduce.compensate(input_tensor, group, plan, cfg)
+        self.calls += 1
+        return dist.reduce_scatter_tensor(
+            output_tensor, sent.view_as(input_tensor), op=op, group=group, async_op=async_op
+        )
