@@ -22,8 +22,9 @@ Both need the plan to be known when the call is issued: the group runs ``algorit
 (never ``auto``, whose tuner may choose another schedule), with stochastic rounding off. A call
 the plan passes through exactly (below ``min_bytes``) has no error, and keeps none.
 
-Memory: one fp32 copy of each tensor's gradients per rank for the reduce phase (4 bytes per
-parameter), plus the owner's shard for the gather phase (4 / W bytes per parameter).
+Memory, per rank: for the reduce phase the error and the message buffer, fp32 (8 bytes per
+parameter), and the codec's scratch of one shard; for the gather phase the owner's shard's
+error (4 / W bytes per parameter). ``nbytes()`` says what an object keeps.
 """
 
 from __future__ import annotations
@@ -42,35 +43,47 @@ def _rows(message: torch.Tensor, world: int) -> list:
     return list(message.view(world, -1))
 
 
-def reduce_error(sent: torch.Tensor, world: int, rank: int, plan: dict, cfg: QuantConfig):
+def reduce_error(
+    sent: torch.Tensor, world: int, rank: int, plan: dict, cfg: QuantConfig, out=None, scratch=None
+):
     """What two_step's reduce phase loses of this rank's `sent` (a message of W shards, this
     rank's contribution), in fp32: zero in this rank's own shard (the owner adds its own values
     exactly), elsewhere each shard less the decoded bytes of its encoding at plan["rs_bits"]
-    (groups counted from the shard's start; rotated when the plan rotates)."""
-    if not plan["quantize"]:
-        return torch.zeros(sent.numel(), dtype=torch.float32, device=sent.device)
-    g, sym = cfg.group_size, cfg.symmetric
-    bits = plan["rs_bits"] or 0
-    err = []
-    for c, shard in enumerate(_rows(sent, world)):
-        if c == rank or bits == 0:
-            err.append(torch.zeros(shard.numel(), dtype=torch.float32, device=shard.device))
+    (groups counted from the shard's start; rotated when the plan rotates). Into `out` (fp32,
+    sent's numel) when given; `scratch`: a dict of buffers kept from call to call."""
+    err = out if out is not None else torch.empty(sent.numel(), dtype=torch.float32)
+    scratch = {} if scratch is None else scratch
+    bits = (plan["rs_bits"] or 0) if plan["quantize"] else 0
+    if bits == 0:
+        return err.zero_()
+    g, sym, rotate = cfg.group_size, cfg.symmetric, plan["rotate"]
+    rows, errs = sent.reshape(world, -1), err.view(world, -1)
+    n = rows.shape[1]
+    padded = -(-n // g) * g if rotate else n  # a rotated shard: whole groups, zeros after
+    for c in range(world):
+        if c == rank:
+            errs[c].zero_()  # the owner's own values are added exactly
             continue
-        x = shard
-        if plan["rotate"]:  # whole groups, padded with zeros as the rotated plan pads its rows
-            x = torch.zeros(-(-shard.numel() // g) * g, dtype=shard.dtype, device=shard.device)
-            x[: shard.numel()] = shard
-        got = codec.decode(
-            codec.encode(x, bits, g, sym, rotate=plan["rotate"]),
-            x.numel(),
-            bits,
-            g,
-            sym,
-            dtype=shard.dtype,
-            rotate=plan["rotate"],
-        )
-        err.append(shard.float() - got[: shard.numel()])
-    return torch.cat(err)
+        x = rows[c]
+        if padded != n:
+            if "pad" not in scratch or scratch["pad"].numel() != padded:
+                scratch["pad"] = torch.zeros(padded, dtype=sent.dtype)
+            scratch["pad"][:n] = x
+            x = scratch["pad"]
+        size = codec.encoded_bytes(padded, bits, g, sym, dtype=sent.dtype)
+        if "bytes" not in scratch or scratch["bytes"].numel() != size:
+            scratch["bytes"] = torch.empty(size, dtype=torch.uint8)
+        data = codec.encode(x, bits, g, sym, rotate=rotate, out=scratch["bytes"])
+        if padded != n:
+            if "decoded" not in scratch or scratch["decoded"].numel() != padded:
+                scratch["decoded"] = torch.empty(padded, dtype=torch.float32)
+            got = scratch["decoded"]
+            codec.decode(data, padded, bits, g, sym, dtype=sent.dtype, rotate=rotate, out=got)
+            errs[c].copy_(got[:n])
+        else:
+            codec.decode(data, n, bits, g, sym, dtype=sent.dtype, rotate=rotate, out=errs[c])
+        torch.sub(rows[c], errs[c], out=errs[c])  # the shard less what its owner decodes
+    return err
 
 
 def _check(group, cfg: QuantConfig, what: str) -> None:
@@ -86,26 +99,35 @@ def _check(group, cfg: QuantConfig, what: str) -> None:
 class ReduceFeedback:
     """The error of one tensor's reduce phase, kept between calls: :meth:`compensate` returns the
     message to send (the tensor plus the error kept) and keeps the new error. The message's
-    numel must stay the same from call to call (a different one starts again from zero)."""
+    numel must stay the same from call to call (a different one starts again from zero). The
+    message is a buffer the object keeps: valid until its next call."""
 
     def __init__(self):
         self.error: Optional[torch.Tensor] = None
+        self._want: Optional[torch.Tensor] = None
+        self._scratch: dict = {}
 
     def compensate(self, x: torch.Tensor, group, plan: dict, cfg: QuantConfig) -> torch.Tensor:
         """The message to send for `x` (its dtype, flat): x plus the error kept; keeps the error
         of sending it under `plan` (qcomm.plan's reduce-scatter plan of the message)."""
         world, rank = dist.get_world_size(group), dist.get_rank(group)
-        if self.error is None or self.error.numel() != x.numel():
-            self.error = torch.zeros(x.numel(), dtype=torch.float32, device=x.device)
-        want = x.reshape(-1).float() + self.error
-        sent = want.to(x.dtype)
+        flat = x.reshape(-1)
+        if self.error is None or self.error.numel() != flat.numel():
+            self.error = torch.zeros(flat.numel(), dtype=torch.float32, device=x.device)
+            self._want = torch.empty_like(self.error)
+        want = torch.add(flat, self.error, out=self._want)  # fp32
+        sent = want if x.dtype == torch.float32 else want.to(x.dtype)
         # the new error: what was wanted less what the reduce phase will deliver of `sent`
-        self.error = want - sent.float() + reduce_error(sent, world, rank, plan, cfg)
+        reduce_error(sent, world, rank, plan, cfg, out=self.error, scratch=self._scratch)
+        if sent is not want:
+            self.error.add_(want).sub_(sent.float())  # and the cast's rounding
         return sent
 
     def nbytes(self) -> int:
-        """The bytes of the error kept (fp32)."""
-        return 0 if self.error is None else self.error.numel() * 4
+        """The bytes this object keeps: the error (fp32), the message buffer (fp32) and the
+        codec's scratch of one shard."""
+        kept = [self.error, self._want] + list(self._scratch.values())
+        return sum(t.numel() * t.element_size() for t in kept if t is not None)
 
 
 def _padded(x: torch.Tensor, world: int) -> torch.Tensor:
