@@ -104,3 +104,47 @@ class DeltaAllGather:
             delta = False
         self.crc = _checksum(self.full)
         return delta
+
+
+class FSDPDeltaAllGather:
+    """An FSDP2 custom all-gather by differences, one per module (opt-in):
+    ``module.set_custom_all_gather(FSDPDeltaAllGather())``. FSDP2 frees a module's unsharded
+    parameters after use, so this object keeps its own reference copy: the module's last gathered
+    flat parameters (one unsharded copy of the module's parameters per rank, in their all-gather
+    dtype: 4 bytes a parameter in fp32), and gathers each call's shards as differences from it
+    (:class:`DeltaAllGather`, with its checks and its exact fallback), then copies it into FSDP2's
+    output. The group is FSDP2's (its mesh's), quantizing all-gathers at its ``ag_bits``. A
+    non-float all-gather input (FSDP2's uint8 packing of mixed dtypes) is gathered as FSDP2 would,
+    exactly."""
+
+    def __init__(self):
+        self.gather: DeltaAllGather | None = None
+        self.reference: torch.Tensor | None = None
+        self.calls = 0
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """FSDP2's all-gather output buffer (a plain tensor)."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def nbytes(self) -> int:
+        """The bytes this object keeps: the reference copy and the difference buffers."""
+        kept = [self.reference]
+        if self.gather is not None:
+            kept += [self.gather._diff, self.gather._gathered]
+        return sum(t.numel() * t.element_size() for t in kept if t is not None)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        self.calls += 1
+        if not output_tensor.is_floating_point():
+            return dist.all_gather_into_tensor(
+                output_tensor, input_tensor, group=group, async_op=async_op
+            )
+        out = output_tensor.view(-1)
+        ref = self.reference
+        if ref is None or ref.numel() != out.numel() or ref.dtype != out.dtype:
+            # a new layout: a new reference, whose first call gathers the full shards exactly
+            self.reference = torch.zeros_like(out)
+            self.gather = DeltaAllGather(self.reference, group)
+        self.gather(input_tensor.reshape(-1))
+        out.copy_(self.reference)
+        return None
