@@ -331,6 +331,9 @@ def stats(group=None) -> dict:
     operation: broadcast, barrier, all_to_all, ...)."""
     s = dict(backend_of(group).stats())
     s["compression"] = s["input_bytes"] / s["wire_bytes"] if s["wire_bytes"] else None
+    from . import training  # the state of qcomm.feedback's and qcomm.delta's objects
+
+    s["training"] = training.stats(group)
     for e in s["by_collective"].values():
         e["compression"] = e["input_bytes"] / e["wire_bytes"] if e["wire_bytes"] else None
     return s

@@ -25,8 +25,12 @@ to call. Time: two sums of the buffer's words each call (the checksums).
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
+
+from . import _C, training
 
 _WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # a float's bits, by its size
 
@@ -60,6 +64,13 @@ class DeltaAllGather:
         self.fallbacks = 0
         self.sent_bytes = 0  # the caller's bytes given to difference calls (input, not wire)
         self._diff = self._gathered = None
+        training.register(self)
+
+    def stats(self) -> dict:
+        """Its part of qcomm.stats(group)["training"] (the buffer is the caller's)."""
+        kept = [t for t in (self._diff, self._gathered) if t is not None]
+        return {"delta_buffers": 1, "delta_calls": self.calls, "delta_fallbacks": self.fallbacks,
+                "kept_bytes": sum(t.numel() * t.element_size() for t in kept)}  # fmt: skip
 
     def slot(self, rank: int) -> torch.Tensor:
         """The buffer's slot of `rank`'s shard (a view)."""
@@ -74,7 +85,18 @@ class DeltaAllGather:
         every = torch.empty(2 * self.world, dtype=torch.int64)
         dist.all_gather_into_tensor(every, votes, group=self.group)
         every = every.view(self.world, 2)
-        return bool(every[:, 0].all()) and bool((every[:, 1] == every[0, 1]).all())
+        fresh = [r for r in range(self.world) if not every[r, 0]]
+        differ = not bool((every[:, 1] == every[0, 1]).all())
+        if (fresh or differ) and _C.setting("QCOMM_DEBUG")["text"] in ("INFO", "CHECK"):
+            why = f"rank(s) {fresh} have no state or a changed buffer" if fresh else ""
+            why += ("; " if why else "") + ("the buffers' checksums differ" if differ else "")
+            print(
+                f"[qcomm rank {self.rank}/{self.world}] INFO difference all-gather of "
+                f"{self.full.numel()} elements: the full shards, exactly ({why})",
+                file=sys.stderr,
+                flush=True,
+            )
+        return not fresh and not differ
 
     def __call__(self, shard: torch.Tensor) -> bool:
         """Gathers every rank's `shard` into the buffer; returns whether it sent differences

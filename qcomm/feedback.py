@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import codec
+from . import codec, training
 from .config import QuantConfig
 
 
@@ -106,11 +106,20 @@ class ReduceFeedback:
         self.error: Optional[torch.Tensor] = None
         self._want: Optional[torch.Tensor] = None
         self._scratch: dict = {}
+        self.group = False  # the group of its last call (False: none yet)
+        training.register(self)
+
+    def stats(self) -> dict:
+        """Its part of qcomm.stats(group)["training"]."""
+        sq = 0.0 if self.error is None else float(self.error.double().square().sum())
+        return {"feedback_tensors": int(self.error is not None), "feedback_error_sq": sq,
+                "kept_bytes": self.nbytes()}  # fmt: skip
 
     def compensate(self, x: torch.Tensor, group, plan: dict, cfg: QuantConfig) -> torch.Tensor:
         """The message to send for `x` (its dtype, flat): x plus the error kept; keeps the error
         of sending it under `plan` (qcomm.plan's reduce-scatter plan of the message)."""
         world, rank = dist.get_world_size(group), dist.get_rank(group)
+        self.group = group
         flat = x.reshape(-1)
         if self.error is None or self.error.numel() != flat.numel():
             self.error = torch.zeros(flat.numel(), dtype=torch.float32, device=x.device)
@@ -177,6 +186,15 @@ class DDPErrorFeedback:
             )
         self.buckets: dict = {}
         self.calls = 0
+        training.register(self)
+
+    def stats(self) -> dict:
+        """Its part of qcomm.stats(group)["training"]: the gather phase's errors (each bucket's
+        reduce phase counts itself)."""
+        kept = [b.gather for b in self.buckets.values() if b.gather is not None]
+        sq = sum(float(g.double().square().sum()) for g in kept)
+        return {"feedback_tensors": len(kept), "feedback_error_sq": sq,
+                "kept_bytes": sum(g.numel() * 4 for g in kept)}  # fmt: skip
 
     def nbytes(self) -> int:
         """The bytes of error this rank keeps (fp32)."""

@@ -68,6 +68,10 @@ def test_differences_at_4_bits_stay_exact_enough_and_ranks_agree():
 
 
 def _changed_worker(rank, world, restart):
+    import io
+    import os
+    import sys
+
     walk = _walk(rank, 4)
     full = torch.zeros(world * N)
     gather = DeltaAllGather(full)
@@ -77,20 +81,34 @@ def _changed_worker(rank, world, restart):
             gather = DeltaAllGather(full)  # a rank that lost its state
         else:
             full[7] += 1.0  # somebody wrote into the buffer
-    kinds.append(gather(walk[2]))
+    os.environ["QCOMM_DEBUG"] = "INFO"  # the fallback's reason, on every rank
+    qcomm.reload_settings()
+    log, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        kinds.append(gather(walk[2]))
+    finally:
+        log, sys.stderr = sys.stderr.getvalue(), log
+    os.environ["QCOMM_DEBUG"] = "WARN"
+    qcomm.reload_settings()
     # the fallback gathers the full shards exactly
     same = torch.equal(full, torch.cat([_walk(r, 4)[2] for r in range(world)]))
     kinds.append(gather(walk[3]))  # and differences again after it
     every = [None] * world
     dist.all_gather_object(every, _digest(full))
-    return kinds, same, len(set(every)) == 1
+    training = qcomm.stats()["training"]
+    return kinds, same, len(set(every)) == 1, log, training
 
 
 def test_a_changed_buffer_or_a_restarted_rank_falls_back_on_every_rank():
     for restart in (False, True):
-        for kinds, same, agree in run_ranks(_changed_worker, 2, restart, pg_options=CFG):
+        runs = run_ranks(_changed_worker, 2, restart, pg_options=CFG)
+        for kinds, same, agree, log, training in runs:
             assert kinds == [False, True, False, True], (restart, kinds)
             assert same and agree, (restart, same, agree)
+            # QCOMM_DEBUG=INFO says why, on every rank; stats() counts the fallbacks
+            assert "the full shards, exactly (rank(s) [1] have no state or a changed" in log, log
+            fallbacks = 1 if restart else 2  # a restarted rank's new object: its one fallback
+            assert training["delta_fallbacks"] >= fallbacks, training
 
 
 def test_zero1_example_with_all_4_bit_traffic_trains_and_ranks_agree():

@@ -52,6 +52,10 @@ def _ddp_worker(rank, world, feed, calls):
         else:
             state.buckets.clear()  # no feedback: every call starts from no error
             outs.append(state.allreduce(x, key=0))
+    training = qcomm.stats(state.group)["training"]
+    # the bucket's reduce and gather errors: fed back (norm > 0) and counted
+    assert training["feedback_tensors"] == 2 and training["feedback_error_norm"] > 0, training
+    assert training["kept_bytes"] == state.nbytes(), (training, state.nbytes())
     same = [None] * world
     dist.all_gather_object(same, [o.sum().item() for o in outs])
     exact = torch.stack([_x(r, N, 2).double() for r in range(world)]).mean(0)
