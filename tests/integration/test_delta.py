@@ -7,6 +7,7 @@ by, and every rank holds the same bits. A buffer changed on one rank, or a rank 
 
 import hashlib
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -111,6 +112,7 @@ def test_a_changed_buffer_or_a_restarted_rank_falls_back_on_every_rank():
             assert training["delta_fallbacks"] >= fallbacks, training
 
 
+@pytest.mark.large  # 12 s of training; the pieces it joins are tested above, in the default tier
 def test_zero1_example_with_all_4_bit_traffic_trains_and_ranks_agree():
     """examples/zero1.py, 30 steps of its small GPT with gradients at 4 bits fed back and weights
     at 4 bits as differences: the same weights on every rank, one fallback (the first gather)
