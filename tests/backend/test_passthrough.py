@@ -809,6 +809,8 @@ def c_stats(ctx):
     assert counters.pop("shadow") == {}  # shadow mode off (tests/backend/test_shadow.py)
     by = counters.pop("by_collective")  # per collective (tests/algo/test_sharded.py)
     assert all(v == 0 for e in by.values() for k, v in e.items() if k != "compression"), by
+    # no qcomm.feedback or qcomm.delta object here (tests/integration/test_feedback.py)
+    assert not any(counters.pop("training").values())
     assert counters == {
         "quantized_calls": 0,
         "passthrough_calls": 0,
