@@ -12,11 +12,11 @@ Before trusting the buffer the ranks check it: each rank keeps a checksum of the
 last call left it, and every call first gathers every rank's "unchanged since my last call"
 and checksum (16 bytes a rank, exact). If any rank's buffer changed (an optimizer wrote to it, a
 checkpoint was loaded), a rank has no state (it restarted, or this is the first call), or the
-checksums differ, every rank gathers the full shards instead, exactly (their bits as integers,
-which every group passes through: 4 bytes a parameter, once), never a wrong sum; ``fallbacks``
-counts those calls. Exact matters at the first call: a model that starts from 4-bit weights
-trains from a different start (examples/zero1.py: +0.48% final loss, against +0.08% with an
-exact first gather).
+checksums differ, every rank gathers the full shards instead, exactly (their bytes as uint8,
+which every group passes through: 4 bytes a parameter in fp32, once), never a wrong sum;
+``fallbacks`` counts those calls. Exact matters at the first call: a model that starts from
+4-bit weights trains from a different start (examples/zero1.py: +0.48% final loss, against
++0.08% with an exact first gather).
 
 Memory: beyond the caller's buffer (the owner's decoded slot is in it), one
 difference and the gathered differences (a shard and the buffer's size again), kept from call
@@ -31,8 +31,6 @@ import torch
 import torch.distributed as dist
 
 from . import _C, training
-
-_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # a float's bits, by its size
 
 
 def _checksum(t: torch.Tensor) -> int:
@@ -118,10 +116,10 @@ class DeltaAllGather:
             self.sent_bytes += diff.numel() * diff.element_size()
             delta = True
         else:
-            # the full shards, exactly: their bits as integers, which every group passes through
-            words = _WORDS[self.full.element_size()]
-            mine = shard.reshape(-1).contiguous().view(words)
-            dist.all_gather_into_tensor(self.full.view(words), mine, group=self.group)
+            # the full shards, exactly: their bytes, which every group passes through (Gloo
+            # gathers no int16, so bytes rather than words)
+            mine = shard.reshape(-1).contiguous().view(torch.uint8)
+            dist.all_gather_into_tensor(self.full.view(torch.uint8), mine, group=self.group)
             self.fallbacks += 1
             delta = False
         self.crc = _checksum(self.full)
