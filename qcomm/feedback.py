@@ -43,6 +43,14 @@ def _rows(message: torch.Tensor, world: int) -> list:
     return list(message.view(world, -1))
 
 
+def _kept(scratch: dict, key: str, n: int, dtype=torch.uint8, zeros=False) -> torch.Tensor:
+    """scratch[key], n elements of dtype, kept from call to call (made anew when n changes)."""
+    t = scratch.get(key)
+    if t is None or t.numel() != n:
+        t = scratch[key] = (torch.zeros if zeros else torch.empty)(n, dtype=dtype)
+    return t
+
+
 def reduce_error(
     sent: torch.Tensor, world: int, rank: int, plan: dict, cfg: QuantConfig, out=None, scratch=None
 ):
@@ -66,18 +74,13 @@ def reduce_error(
             continue
         x = rows[c]
         if padded != n:
-            if "pad" not in scratch or scratch["pad"].numel() != padded:
-                scratch["pad"] = torch.zeros(padded, dtype=sent.dtype)
-            scratch["pad"][:n] = x
-            x = scratch["pad"]
+            pad = _kept(scratch, "pad", padded, sent.dtype, zeros=True)
+            pad[:n] = x
+            x = pad
         size = codec.encoded_bytes(padded, bits, g, sym, dtype=sent.dtype)
-        if "bytes" not in scratch or scratch["bytes"].numel() != size:
-            scratch["bytes"] = torch.empty(size, dtype=torch.uint8)
-        data = codec.encode(x, bits, g, sym, rotate=rotate, out=scratch["bytes"])
+        data = codec.encode(x, bits, g, sym, rotate=rotate, out=_kept(scratch, "bytes", size))
         if padded != n:
-            if "decoded" not in scratch or scratch["decoded"].numel() != padded:
-                scratch["decoded"] = torch.empty(padded, dtype=torch.float32)
-            got = scratch["decoded"]
+            got = _kept(scratch, "decoded", padded, torch.float32)
             codec.decode(data, padded, bits, g, sym, dtype=sent.dtype, rotate=rotate, out=got)
             errs[c].copy_(got[:n])
         else:
