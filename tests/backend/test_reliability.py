@@ -329,6 +329,7 @@ def _load_worker(rank, world, iters):
     return problems, rss, qcomm.stats()
 
 
+@pytest.mark.large  # 20 s of 10,000 calls: the default tier's 10 minutes ran out (621 s)
 def test_load_no_growth_no_drift():
     iters = 10000
     results = run_ranks(_load_worker, 2, iters, timeout=900)
